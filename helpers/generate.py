@@ -1,0 +1,174 @@
+"""Autoregressive generation in named phases: prefill, decode one token, generate.
+
+    prefill(model, prompt, cache)          the whole prompt in one pass; fills the cache; logits of the last position
+    decode_one_token(model, token, cache)  one new token against the cache; writes one slot
+    generate(model, prompt, n, ...)        prefill once, then decode n-1 times, picking each token with sampling.py
+    generate_without_cache(...)            the naive loop: re-run the whole sequence every step (for comparison)
+
+Both loops give identical tokens (the tests check it); the cached one does O(1) new work per step
+instead of reprocessing the whole prefix.
+
+Stop conditions: `max_new_tokens`, an end-of-text id (`eos_id`), and stop sequences (lists of ids).
+Generation past the context window raises a ValueError; it never silently truncates.
+
+Out of scope: batching requests of different lengths (continuous batching), beam search.
+"""
+from __future__ import annotations
+
+import torch
+
+from .kv_cache import KVCache
+from .model import check_token_ids
+from .sampling import SamplingConfig, next_token
+
+
+def as_prompt_tensor(prompt, model) -> torch.Tensor:
+    """Accept a list of ids, a 1-D or a 2-D tensor; return (B, T) long on the model's device."""
+    if isinstance(prompt, (list, tuple)):
+        if len(prompt) == 0:
+            raise ValueError("prompt must contain at least 1 token; got an empty prompt")
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            raise ValueError("prompt must be a list of int token ids (encode text with the tokenizer first)")
+        prompt = torch.tensor([list(prompt)], dtype=torch.long)
+    if not isinstance(prompt, torch.Tensor):
+        raise ValueError(f"prompt must be a list of token ids or a tensor; got {type(prompt).__name__}")
+    if prompt.dim() == 1:
+        prompt = prompt.unsqueeze(0)
+    if prompt.dim() == 2 and prompt.shape[1] == 0:
+        raise ValueError("prompt must contain at least 1 token; got an empty prompt")
+    check_token_ids(prompt, model.cfg.vocab_size)
+    return prompt.to(model.device, torch.long)
+
+
+def check_generation_length(prompt_len: int, max_new_tokens, max_seq_len: int) -> None:
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an int >= 0; got {max_new_tokens!r}")
+    if prompt_len > max_seq_len:
+        raise ValueError(f"prompt has {prompt_len} tokens but the context window (max_seq_len) is "
+                         f"{max_seq_len}: allowed prompt length is 1..{max_seq_len}")
+    if prompt_len + max_new_tokens > max_seq_len:
+        raise ValueError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds the context "
+                         f"window max_seq_len={max_seq_len}: allowed max_new_tokens is 0..{max_seq_len - prompt_len}")
+
+
+@torch.no_grad()
+def prefill(model, prompt: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    """Run the prompt (B, T) through the model, filling cache positions 0..T-1. Returns (B, V) logits."""
+    cache.reset()
+    return model(prompt, cache=cache, start_pos=0, last_only=True)[:, -1, :]
+
+
+@torch.no_grad()
+def decode_one_token(model, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    """One token (B, 1) at position cache.length; writes its K/V into the cache. Returns (B, V) logits."""
+    return model(token, cache=cache, check=False)[:, -1, :]
+
+
+class StopChecker:
+    """Decides after each new token whether generation is over (end-of-text or a stop sequence)."""
+
+    def __init__(self, eos_id: int | None = None, stop_sequences=()):
+        self.eos_id = eos_id
+        self.stop_sequences = [list(s) for s in stop_sequences]
+        if any(len(s) == 0 for s in self.stop_sequences):
+            raise ValueError("stop_sequences must not contain an empty sequence")
+        self.reason = None
+
+    def __call__(self, generated: list[int]) -> bool:
+        if self.eos_id is not None and generated and generated[-1] == self.eos_id:
+            self.reason = "eos"
+        for s in self.stop_sequences:
+            if len(generated) >= len(s) and generated[-len(s):] == s:
+                self.reason = "stop_sequence"
+        return self.reason is not None
+
+
+def _stop_checker(batch_size, eos_id, stop_sequences):
+    if eos_id is None and not stop_sequences:
+        return None
+    if batch_size != 1:
+        raise ValueError(f"eos_id / stop_sequences need batch size 1; got batch size {batch_size}")
+    return StopChecker(eos_id, stop_sequences)
+
+
+def _setup(model, prompt, max_new_tokens, sampling, temperature):
+    prompt = as_prompt_tensor(prompt, model)
+    check_generation_length(prompt.shape[1], max_new_tokens, model.cfg.max_seq_len)
+    if sampling is None:
+        sampling = SamplingConfig(temperature=temperature)
+    return prompt, sampling
+
+
+def _progress(total, show):
+    if not show:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="generating", unit="tok", leave=False)
+
+
+@torch.no_grad()
+def generate(model, prompt, max_new_tokens: int, *, temperature: float = 0.0, sampling: SamplingConfig | None = None,
+             generator: torch.Generator | None = None, eos_id: int | None = None, stop_sequences=(),
+             cache: KVCache | None = None, progress: bool = False) -> torch.Tensor:
+    """Generate up to max_new_tokens after `prompt` with a KV cache. Returns (B, T + n_new) ids.
+
+    temperature=0 (the default) is greedy decoding; pass `sampling=SamplingConfig(...)` for more.
+    Stops early (batch size 1) at `eos_id` (kept in the output) or at the end of a stop sequence.
+    """
+    prompt, sampling = _setup(model, prompt, max_new_tokens, sampling, temperature)
+    B, T = prompt.shape
+    if max_new_tokens == 0:
+        return prompt
+    if cache is None:
+        cache = KVCache.for_model(model, batch_size=B, max_seq_len=T + max_new_tokens)
+    stop = _stop_checker(B, eos_id, stop_sequences)
+    generated: list[int] = []  # only kept when a stop condition needs to look at the tokens
+    penalised = sampling.repetition_penalty != 1.0 or sampling.presence_penalty or sampling.frequency_penalty
+    out = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=prompt.device)
+    out[:, :T] = prompt
+    bar = _progress(max_new_tokens, progress)
+    logits = prefill(model, prompt, cache)  # (B, V)
+    n = 0
+    while True:
+        previous = out[:, :T + n] if penalised else None
+        tok = next_token(logits, sampling, generator, previous)  # (B, 1)
+        out[:, T + n] = tok[:, 0]
+        n += 1
+        if bar is not None:
+            bar.update(1)
+        if stop is not None:
+            generated.append(int(tok[0, 0]))
+        if n == max_new_tokens or (stop is not None and stop(generated)):
+            break
+        logits = decode_one_token(model, tok, cache)
+    if bar is not None:
+        bar.close()
+    return out[:, :T + n]
+
+
+@torch.no_grad()
+def generate_without_cache(model, prompt, max_new_tokens: int, *, temperature: float = 0.0,
+                           sampling: SamplingConfig | None = None, generator: torch.Generator | None = None,
+                           eos_id: int | None = None, stop_sequences=(), progress: bool = False) -> torch.Tensor:
+    """The same loop without a cache: every step runs the model over the whole sequence so far."""
+    prompt, sampling = _setup(model, prompt, max_new_tokens, sampling, temperature)
+    B, T = prompt.shape
+    stop = _stop_checker(B, eos_id, stop_sequences)
+    generated: list[int] = []
+    penalised = sampling.repetition_penalty != 1.0 or sampling.presence_penalty or sampling.frequency_penalty
+    seq = prompt
+    bar = _progress(max_new_tokens, progress)
+    for n in range(1, max_new_tokens + 1):
+        logits = model(seq, last_only=True, check=False)[:, -1, :]  # recompute every position: (B, V)
+        tok = next_token(logits, sampling, generator, seq if penalised else None)
+        seq = torch.cat([seq, tok], dim=1)
+        if bar is not None:
+            bar.update(1)
+        if stop is not None:
+            generated.append(int(tok[0, 0]))
+            if stop(generated):
+                break
+    if bar is not None:
+        bar.close()
+    return seq

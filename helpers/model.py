@@ -1,0 +1,274 @@
+"""A decoder-only transformer in the Llama style, small enough to train and run on a laptop CPU.
+
+RMSNorm, rotary position embeddings (RoPE), grouped-query attention (GQA) with a configurable number
+of key/value heads, and a SwiGLU MLP; input embedding and output head share one matrix. The same
+`forward` runs in two modes:
+
+- a whole sequence at once, with a causal mask (training, teacher forcing, prefill without a cache);
+- against a `KVCache` (see kv_cache.py): the new tokens' keys and values are written into the cache
+  at their positions, and the new queries attend to everything cached so far (prefill, decode,
+  speculative verification).
+
+The weights match HuggingFace's `LlamaForCausalLM` one for one (see hf.py), which the tests use as an
+oracle. Query/key/value projections are stored fused in one matrix, and so are the MLP's gate and up
+projections: one matmul instead of three (or two) per step matters when a decode step is mostly
+per-operation overhead, as it is for small models on a CPU.
+
+Out of scope: dropout, biases, mixture-of-experts, multi-GPU.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = 2048
+    max_seq_len: int = 1024  # the context window: positions 0 .. max_seq_len-1
+    n_layers: int = 6
+    d_model: int = 256
+    n_heads: int = 8
+    n_kv_heads: int = 2  # = n_heads: multi-head attention; 1: multi-query; in between: grouped-query
+    d_ff: int = 704  # hidden width of the SwiGLU MLP
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+
+    def __post_init__(self):
+        for name in ("vocab_size", "max_seq_len", "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"ModelConfig.{name} must be a positive int; got {getattr(self, name)!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim ({self.head_dim}) must be even for rotary embeddings")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> "ModelConfig":
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+        return replace(cls(), **{**PRESETS[name], **overrides})
+
+
+# Named configurations (overrides of the defaults above).
+PRESETS: dict[str, dict] = {
+    # the course model, shipped trained in helpers/checkpoints/target.safetensors
+    "target": dict(n_layers=6, d_model=256, n_heads=8, n_kv_heads=2, d_ff=704),
+    # the speculative-decoding draft: same tokenizer, one layer, ~1/5 of target's parameters
+    "draft": dict(n_layers=1, d_model=192, n_heads=6, n_kv_heads=2, d_ff=512),
+    # tiny configs for tests and in-notebook training
+    "tiny": dict(vocab_size=256, max_seq_len=128, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_ff=128),
+    # a random-weight config large enough that batch-1 decode is memory-bound on a CPU
+    "bench-150m": dict(n_layers=12, d_model=1024, n_heads=16, n_kv_heads=4, d_ff=2816),
+    # Llama-3-8B's shape, for FLOP and memory accounting (build it on the meta device)
+    "llama3-8b": dict(vocab_size=128256, max_seq_len=8192, n_layers=32, d_model=4096, n_heads=32,
+                      n_kv_heads=8, d_ff=14336, rope_theta=500000.0),
+}
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, computed in float32 (as Llama does) and cast back."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_tables(cfg: ModelConfig, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin for every position and rotary frequency, each (max_seq_len, head_dim)."""
+    D = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, D, 2, device=device, dtype=torch.float32) / D))  # (D/2,)
+    pos = torch.arange(cfg.max_seq_len, device=device, dtype=torch.float32)  # (S,)
+    angles = torch.outer(pos, inv_freq)  # (S, D/2)
+    angles = torch.cat([angles, angles], dim=-1)  # (S, D): the "rotate half" layout HF Llama uses
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x, cos, sin):
+    """Rotate each (x_i, x_{i+D/2}) pair by its position's angle. x: (B, H, T, D); cos, sin: (T, D)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (x * cos + rotated * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+        self.wqkv = nn.Linear(cfg.d_model, q_dim + 2 * kv_dim, bias=False)  # fused W_q | W_k | W_v
+        self.wo = nn.Linear(q_dim, cfg.d_model, bias=False)
+        self.split_sizes = (q_dim, kv_dim, kv_dim)
+
+    def forward(self, x, cos, sin, layer_cache=None, start_pos: int = 0, attn_window: int | None = None):
+        B, T, C = x.shape
+        H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
+        q, k, v = self.wqkv(x).split(self.split_sizes, dim=-1)
+        q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        k = k.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
+        v = v.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+        if layer_cache is not None:
+            # write the new keys/values at their positions, read back everything cached so far
+            k, v = layer_cache.update(start_pos, k, v)  # (B, Hkv, start_pos + T, D)
+        S = k.shape[2]  # number of key positions the queries may look at
+
+        if T == 1 and attn_window is None:
+            mask, causal = None, False  # one new query: everything cached is in its past
+        elif S == T and attn_window is None:
+            mask, causal = None, True  # the plain causal mask
+        else:
+            mask, causal = causal_mask(T, S, window=attn_window, device=x.device), False  # (T, S)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                           enable_gqa=Hkv != H)  # (B, H, T, D)
+        y = y.transpose(1, 2).reshape(B, T, H * D)  # (B, T, C)
+        return self.wo(y)
+
+
+def causal_mask(T: int, S: int, window: int | None = None, device=None) -> torch.Tensor:
+    """Boolean (T, S) mask for T new queries at positions S-T .. S-1 over S keys: True = may attend.
+
+    With `window`, each query sees only the last `window` positions (itself included).
+    """
+    q_pos = torch.arange(S - T, S, device=device).unsqueeze(1)  # (T, 1)
+    k_pos = torch.arange(S, device=device).unsqueeze(0)  # (1, S)
+    mask = k_pos <= q_pos
+    if window is not None:
+        mask &= k_pos > q_pos - window
+    return mask
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)), with gate and up fused into one matmul."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.d_ff = cfg.d_ff
+        self.w_gate_up = nn.Linear(cfg.d_model, 2 * cfg.d_ff, bias=False)
+        self.w_down = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+
+    def forward(self, x):
+        gate, up = self.w_gate_up(x).split(self.d_ff, dim=-1)
+        return self.w_down(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, layer_cache=None, start_pos=0, attn_window=None):
+        x = x + self.attn(self.attn_norm(x), cos, sin, layer_cache, start_pos, attn_window)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.head.weight = self.embed.weight  # tied: one (V, C) matrix reads tokens in and scores them out
+        cos, sin = rope_tables(cfg)
+        self.register_buffer("rope_cos", cos, persistent=False)  # (max_seq_len, D)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():  # GPT-2's scaled init for the residual projections
+            if name.endswith(("attn.wo.weight", "mlp.w_down.weight")):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layers))
+
+    @staticmethod
+    def _init_weights(module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype
+
+    def num_parameters(self) -> int:
+        """Distinct parameters (the tied embedding/head matrix counted once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, idx, cache=None, start_pos: int | None = None, attn_window: int | None = None,
+                last_only: bool = False, check: bool = True):
+        """Logits for every position of `idx` (B, T) -> (B, T, vocab_size).
+
+        cache:       a KVCache; the T tokens are placed at positions start_pos .. start_pos+T-1
+                     (start_pos defaults to the number of tokens already cached).
+        attn_window: attend only to the last `attn_window` positions (sliding-window attention).
+        last_only:   compute logits for the last position only (B, 1, vocab): prefill needs no more.
+        check:       validate idx (dtype, shape, id range). The decode loop turns this off for tokens
+                     the model itself produced: the range check reads the tensor, a sync on a GPU.
+        """
+        if check:
+            check_token_ids(idx, self.cfg.vocab_size)
+        B, T = idx.shape
+        if cache is not None:
+            start_pos = cache.length if start_pos is None else start_pos
+            if not 0 <= start_pos <= cache.length:
+                raise ValueError(f"start_pos must be in [0, {cache.length}] (the cached length); got {start_pos}")
+            if start_pos + T > cache.max_seq_len:
+                raise ValueError(f"positions {start_pos}..{start_pos + T - 1} do not fit the cache "
+                                 f"(max_seq_len={cache.max_seq_len}); allowed: start_pos + T <= {cache.max_seq_len}")
+            if cache.batch_size != B:
+                raise ValueError(f"idx has batch size {B} but the cache was built for {cache.batch_size}")
+        else:
+            start_pos = 0 if start_pos is None else start_pos
+        if start_pos + T > self.cfg.max_seq_len:
+            raise ValueError(f"sequence of {start_pos + T} tokens exceeds the context window "
+                             f"max_seq_len={self.cfg.max_seq_len}")
+        cos = self.rope_cos[start_pos:start_pos + T]  # (T, D)
+        sin = self.rope_sin[start_pos:start_pos + T]
+        x = self.embed(idx)  # (B, T, C)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, cache.layer(i) if cache is not None else None, start_pos, attn_window)
+        if cache is not None:
+            cache.length = start_pos + T
+        if last_only:
+            x = x[:, -1:, :]  # (B, 1, C)
+        return self.head(self.norm(x))  # (B, T, V)
+
+
+def check_token_ids(idx, vocab_size: int) -> None:
+    """Raise a ValueError that names the problem, instead of a traceback from deep inside torch."""
+    if not isinstance(idx, torch.Tensor):
+        raise ValueError(f"idx must be a torch.Tensor of token ids with shape (B, T); got {type(idx).__name__}")
+    if idx.dtype not in (torch.long, torch.int32, torch.int64):
+        raise ValueError(f"idx must hold integer token ids (torch.long); got dtype {idx.dtype}")
+    if idx.dim() != 2:
+        raise ValueError(f"idx must have shape (B, T); got shape {tuple(idx.shape)}")
+    if idx.shape[0] < 1 or idx.shape[1] < 1:
+        raise ValueError(f"idx must hold at least one token (B >= 1, T >= 1); got shape {tuple(idx.shape)}")
+    lo, hi = int(idx.min()), int(idx.max())
+    if lo < 0 or hi >= vocab_size:
+        raise ValueError(f"token ids must be in [0, {vocab_size - 1}]; got values in [{lo}, {hi}]")

@@ -1,0 +1,46 @@
+"""Figures: one style, saved into figures/ as PNG and shown inline.
+
+    fig, ax = plt.subplots()
+    ...
+    save_figure(fig, "04_latency_vs_position")     # writes figures/04_latency_vs_position.png and shows it
+
+PNG rather than SVG: SVG embeds the date, so notebook outputs would change on every run. The PNG is
+written with fixed metadata, so re-running a notebook leaves an unchanged figure byte-identical.
+
+Out of scope: interactive plots (see widgets.py).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+FIGURES = Path(__file__).resolve().parent.parent / "figures"
+
+
+def use_course_style() -> None:
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({
+        "figure.figsize": (7.5, 4.0), "figure.dpi": 100, "savefig.dpi": 110, "axes.grid": True,
+        "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False, "font.size": 10,
+        "axes.titlesize": 11, "legend.frameon": False,
+    })
+
+
+def save_figure(fig, name: str, show: bool = True) -> None:
+    """Save `fig` as figures/<name>.png (deterministic bytes) and display it inline."""
+    import matplotlib.pyplot as plt
+
+    FIGURES.mkdir(exist_ok=True)
+    path = FIGURES / f"{name}.png"
+    fig.savefig(path, bbox_inches="tight", metadata={"Software": None})
+    if show:
+        plt.show()
+    else:
+        plt.close(fig)
+
+
+
+def in_notebook() -> bool:
+    return "inline" in matplotlib.get_backend().lower()

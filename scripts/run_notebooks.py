@@ -1,0 +1,77 @@
+"""Re-execute the course notebooks in place, deterministically, and save them with their outputs.
+
+    python scripts/run_notebooks.py                 # every notebook in notebooks/
+    python scripts/run_notebooks.py 04 06           # only those whose name starts with 04 or 06
+
+Each notebook runs top to bottom in a fresh kernel on the CPU (so the stored outputs are the ones
+strict nbval compares against on a CPU machine), with PYTHONHASHSEED=0. Volatile metadata (cell
+timings, widget state and widget views, kernel versions) is stripped; execution counts are kept, as
+nbval needs them. Figures the notebooks save land in figures/. Prints each notebook's run time.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOKS = REPO / "notebooks"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def clean(nb) -> None:
+    nb.metadata.pop("widgets", None)
+    nb.metadata.pop("language_info", None)
+    nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    for cell in nb.cells:
+        cell.metadata.pop("execution", None)
+        cell.metadata.pop("collapsed", None)
+        cell.metadata.pop("scrolled", None)
+        cell.pop("id", None)
+        for out in cell.get("outputs", []):
+            out.get("data", {}).pop(WIDGET_VIEW, None)
+            out.get("metadata", {}).pop(WIDGET_VIEW, None)
+    nb.nbformat, nb.nbformat_minor = 4, 4
+
+
+def run(path: Path, timeout: int = 900) -> float:
+    nb = nbformat.read(path, as_version=4)
+    env_overrides = {"PYTHONHASHSEED": "0", "CUDA_VISIBLE_DEVICES": "", "LLM_COURSE_DEVICE": "cpu",
+                     "TORCHINDUCTOR_CACHE_DIR": str(REPO / ".cache" / "inductor")}
+    old = {k: os.environ.get(k) for k in env_overrides}
+    os.environ.update(env_overrides)
+    try:
+        t0 = time.time()
+        NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}},
+                       record_timing=False).execute()
+        elapsed = time.time() - t0
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    clean(nb)
+    nbformat.write(nb, path)
+    return elapsed
+
+
+def main(argv):
+    prefixes = argv[1:]
+    paths = sorted(p for p in NOTEBOOKS.glob("*.ipynb") if not prefixes or p.name.startswith(tuple(prefixes)))
+    if not paths:
+        sys.exit(f"no notebooks match {prefixes} in {NOTEBOOKS}")
+    total = 0.0
+    for p in paths:
+        t = run(p)
+        total += t
+        print(f"{p.name:40s} {t:6.1f} s", flush=True)
+    print(f"{'total':40s} {total:6.1f} s")
+
+
+if __name__ == "__main__":
+    main(sys.argv)

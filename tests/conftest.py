@@ -1,0 +1,56 @@
+"""Shared test setup: random-weight models, the nbval sanitizer, and the `cuda` marker."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers.model import ModelConfig, Transformer
+
+TESTS = Path(__file__).resolve().parent
+os.environ.setdefault("PYTHONHASHSEED", "0")
+# keep torch.compile's cache out of the system temp folder
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(TESTS.parent / ".cache" / "inductor"))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cuda: needs a CUDA GPU (skipped on machines without one)")
+    config.addinivalue_line("markers", "browser: drives JupyterLab in headless Chromium")
+    # nbval reads --sanitize-with relative to the working directory; give it an absolute path
+    if config.getoption("nbval", default=False) or config.getoption("nbval_lax", default=False):
+        if not config.getoption("sanitize_with", default=None):
+            config.option.sanitize_with = str(TESTS / "nbval_sanitize.cfg")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU")
+        for item in items:
+            if "cuda" in item.keywords:
+                item.add_marker(skip)
+
+
+def random_model(cfg: ModelConfig, seed: int = 0, std: float = 0.1, dtype=torch.float32) -> Transformer:
+    """A model with larger-than-init random weights, so its next-token distributions are peaked
+    (at the default init all logits are nearly equal and argmax comparisons would test noise)."""
+    torch.manual_seed(seed)
+    model = Transformer(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, std)
+            else:
+                p.uniform_(0.5, 1.5)  # norm weights
+    return model.to(dtype).eval()
+
+
+@pytest.fixture(scope="session")
+def shipped():
+    """The shipped target and draft models with their tokenizer (CPU, float32)."""
+    from helpers import load_model
+
+    target, tok = load_model("target", device="cpu", dtype=torch.float32)
+    draft, _ = load_model("draft", device="cpu", dtype=torch.float32)
+    return target, draft, tok
