@@ -119,7 +119,8 @@ class Attention(nn.Module):
         self.wo = nn.Linear(q_dim, cfg.d_model, bias=False)
         self.split_sizes = (q_dim, kv_dim, kv_dim)
 
-    def forward(self, x, cos, sin, layer_cache=None, start_pos: int = 0, attn_window: int | None = None):
+    def forward(self, x, cos, sin, layer_cache=None, start_pos: int = 0, attn_window: int | None = None,
+                causal: bool = True):
         B, T, C = x.shape
         H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
         q, k, v = self.wqkv(x).split(self.split_sizes, dim=-1)
@@ -133,13 +134,15 @@ class Attention(nn.Module):
             k, v = layer_cache.update(start_pos, k, v)  # (B, Hkv, start_pos + T, D)
         S = k.shape[2]  # number of key positions the queries may look at
 
-        if T == 1 and attn_window is None:
-            mask, causal = None, False  # one new query: everything cached is in its past
+        if not causal:
+            mask, is_causal = None, False  # every position sees the future too (chapter 02's experiment)
+        elif T == 1 and attn_window is None:
+            mask, is_causal = None, False  # one new query: everything cached is in its past
         elif S == T and attn_window is None:
-            mask, causal = None, True  # the plain causal mask
+            mask, is_causal = None, True  # the plain causal mask, built inside the kernel
         else:
-            mask, causal = causal_mask(T, S, window=attn_window, device=x.device), False  # (T, S)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+            mask, is_causal = causal_mask(T, S, window=attn_window, device=x.device), False  # (T, S)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                            enable_gqa=Hkv != H)  # (B, H, T, D)
         y = y.transpose(1, 2).reshape(B, T, H * D)  # (B, T, C)
         return self.wo(y)
@@ -180,8 +183,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, layer_cache=None, start_pos=0, attn_window=None):
-        x = x + self.attn(self.attn_norm(x), cos, sin, layer_cache, start_pos, attn_window)
+    def forward(self, x, cos, sin, layer_cache=None, start_pos=0, attn_window=None, causal=True):
+        x = x + self.attn(self.attn_norm(x), cos, sin, layer_cache, start_pos, attn_window, causal)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -220,7 +223,7 @@ class Transformer(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def forward(self, idx, cache=None, start_pos: int | None = None, attn_window: int | None = None,
-                last_only: bool = False, check: bool = True):
+                last_only: bool = False, check: bool = True, causal: bool = True):
         """Logits for every position of `idx` (B, T) -> (B, T, vocab_size).
 
         cache:       a KVCache; the T tokens are placed at positions start_pos .. start_pos+T-1
@@ -229,6 +232,8 @@ class Transformer(nn.Module):
         last_only:   compute logits for the last position only (B, 1, vocab): prefill needs no more.
         check:       validate idx (dtype, shape, id range). The decode loop turns this off for tokens
                      the model itself produced: the range check reads the tensor, a sync on a GPU.
+        causal:      False removes the causal mask (every position attends to the future too). Only
+                     for showing what goes wrong without it; never for generation.
         """
         if check:
             check_token_ids(idx, self.cfg.vocab_size)
@@ -251,7 +256,8 @@ class Transformer(nn.Module):
         sin = self.rope_sin[start_pos:start_pos + T]
         x = self.embed(idx)  # (B, T, C)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache.layer(i) if cache is not None else None, start_pos, attn_window)
+            layer_cache = cache.layer(i) if cache is not None else None
+            x = layer(x, cos, sin, layer_cache, start_pos, attn_window, causal)
         if cache is not None:
             cache.length = start_pos + T
         if last_only:

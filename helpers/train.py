@@ -99,6 +99,42 @@ def distill_loss(logits, teacher_logits, temperature: float = 1.0):
     return F.kl_div(s.flatten(0, 1), t.flatten(0, 1), log_target=True, reduction="batchmean")
 
 
+def train_steps(model, ids: np.ndarray, steps: int, batch_size: int = 8, seq_len: int = 128, lr: float = 3e-3,
+                seed: int = 0, causal: bool = True, progress: bool = True, desc: str = "training") -> list[float]:
+    """A short training run for notebooks: AdamW, constant learning rate after a brief warmup.
+
+    Returns the training loss (nats/token) at every step. `causal=False` trains without the causal
+    mask (chapter 02's cautionary experiment). Deterministic for a given seed and thread count.
+    """
+    if steps < 1 or batch_size < 1 or seq_len < 1:
+        raise ValueError(f"steps, batch_size and seq_len must be >= 1; got {steps}, {batch_size}, {seq_len}")
+    if len(ids) < seq_len + 2:
+        raise ValueError(f"ids has {len(ids)} tokens; need at least seq_len + 2 = {seq_len + 2}")
+    opt = make_optimizer(model, lr, weight_decay=0.0)
+    warmup = max(1, steps // 20)
+    losses = []
+    it = range(steps)
+    if progress:
+        from tqdm.auto import tqdm
+
+        it = tqdm(it, desc=desc, unit="step")
+    model.train()
+    for step in it:
+        for g in opt.param_groups:
+            g["lr"] = lr * min(1.0, (step + 1) / warmup)
+        x, y = get_batch(ids, batch_size, seq_len, seed, step)
+        x, y = x.to(model.device), y.to(model.device)
+        logits = model(x, check=False, causal=causal)  # (B, T, V)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+    model.eval()
+    return losses
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", required=True, help="model preset from helpers.model.PRESETS (target, draft, tiny)")
