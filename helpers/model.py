@@ -120,7 +120,7 @@ class Attention(nn.Module):
         self.split_sizes = (q_dim, kv_dim, kv_dim)
 
     def forward(self, x, cos, sin, layer_cache=None, start_pos: int = 0, attn_window: int | None = None,
-                causal: bool = True):
+                causal: bool = True, static_mask=None):
         B, T, C = x.shape
         H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
         q, k, v = self.wqkv(x).split(self.split_sizes, dim=-1)
@@ -129,6 +129,14 @@ class Attention(nn.Module):
         v = v.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
+        if static_mask is not None:
+            # static shapes (fast_decode.py): write at the positions held in the tensor start_pos, then
+            # attend over the whole buffer with a mask, so no shape depends on the position
+            layer_cache.k.index_copy_(2, start_pos, k)
+            layer_cache.v.index_copy_(2, start_pos, v)
+            y = F.scaled_dot_product_attention(q, layer_cache.k, layer_cache.v, attn_mask=static_mask,
+                                               enable_gqa=Hkv != H)  # (B, H, T, D)
+            return self.wo(y.transpose(1, 2).reshape(B, T, H * D))
         if layer_cache is not None:
             # write the new keys/values at their positions, read back everything cached so far
             k, v = layer_cache.update(start_pos, k, v)  # (B, Hkv, start_pos + T, D)
@@ -183,8 +191,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, layer_cache=None, start_pos=0, attn_window=None, causal=True):
-        x = x + self.attn(self.attn_norm(x), cos, sin, layer_cache, start_pos, attn_window, causal)
+    def forward(self, x, cos, sin, layer_cache=None, start_pos=0, attn_window=None, causal=True, static_mask=None):
+        x = x + self.attn(self.attn_norm(x), cos, sin, layer_cache, start_pos, attn_window, causal, static_mask)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -223,7 +231,7 @@ class Transformer(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def forward(self, idx, cache=None, start_pos: int | None = None, attn_window: int | None = None,
-                last_only: bool = False, check: bool = True, causal: bool = True):
+                last_only: bool = False, check: bool = True, causal: bool = True, input_pos=None):
         """Logits for every position of `idx` (B, T) -> (B, T, vocab_size).
 
         cache:       a KVCache; the T tokens are placed at positions start_pos .. start_pos+T-1
@@ -234,7 +242,12 @@ class Transformer(nn.Module):
                      the model itself produced: the range check reads the tensor, a sync on a GPU.
         causal:      False removes the causal mask (every position attends to the future too). Only
                      for showing what goes wrong without it; never for generation.
+        input_pos:   a (T,) long tensor of positions: the static-shape path used by fast_decode.py
+                     (torch.compile, CUDA graphs). Attends over the whole cache buffer with a mask and
+                     leaves cache.length alone; the caller tracks positions.
         """
+        if input_pos is not None:
+            return self._forward_static(idx, cache, input_pos)
         if check:
             check_token_ids(idx, self.cfg.vocab_size)
         B, T = idx.shape
@@ -262,6 +275,19 @@ class Transformer(nn.Module):
             cache.length = start_pos + T
         if last_only:
             x = x[:, -1:, :]  # (B, 1, C)
+        return self.head(self.norm(x))  # (B, T, V)
+
+    def _forward_static(self, idx, cache, input_pos):
+        """Every shape fixed by (B, T) and the cache's size, none by the position: one compiled graph
+        (or one captured CUDA graph) serves every decode step."""
+        if cache is None:
+            raise ValueError("input_pos needs a cache")
+        S = cache.max_seq_len
+        static_mask = torch.arange(S, device=idx.device) <= input_pos.unsqueeze(1)  # (T, S): key j <= query pos
+        cos, sin = self.rope_cos[input_pos], self.rope_sin[input_pos]  # (T, D)
+        x = self.embed(idx)  # (B, T, C)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, cache.layer(i), input_pos, None, True, static_mask)
         return self.head(self.norm(x))  # (B, T, V)
 
 

@@ -1,0 +1,301 @@
+"""One benchmark command: every speed claim of the course, as ratios measured side by side in one run.
+
+    python -m helpers.bench            # full run (several minutes on a 2-core CPU)
+    python -m helpers.bench --quick    # about a minute: shorter generations, fewer repeats
+
+Each row times a candidate against its baseline in the same process, interleaved (A B A B ...), and
+reports the median ratio with its min-max over the repeats, the absolute medians, the device, and the
+target the course set for it. Tokens are compared too: a speedup that changes the output is a bug.
+It is a benchmark, not a test: nothing here fails on a slow machine.
+
+Writes figures/bench_summary.png (ratios against their targets) and figures/bench_cache_latency.png
+(per-token time against position, with and without the KV cache), and figures/bench_results.json.
+
+Out of scope: multi-request serving throughput.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from .device import default_device, default_dtype, synchronize
+from .plotting import FIGURES
+
+
+@dataclass
+class Row:
+    name: str
+    baseline: str
+    candidate: str
+    ratios: list[float]  # baseline time / candidate time, one per interleaved repeat
+    baseline_abs: str
+    candidate_abs: str
+    target: float | None = None  # the course's goal for the ratio (>=)
+    note: str = ""
+    same_output: bool | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.ratios)
+
+    def line(self) -> str:
+        lo, hi = min(self.ratios), max(self.ratios)
+        goal = ""
+        if self.target is not None:
+            goal = f">= {self.target:g}x " + ("met" if self.median >= self.target else "MISSED")
+        same = "" if self.same_output is None else ("same tokens" if self.same_output else "DIFFERENT TOKENS")
+        return (f"{self.name:38s} {self.median:6.2f}x [{lo:.2f}-{hi:.2f}]  {self.baseline_abs:>16s} -> "
+                f"{self.candidate_abs:<16s} {goal:14s} {same} {self.note}")
+
+
+def _timed(fn, device) -> float:
+    synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - t0
+
+
+def interleaved(baseline, candidate, device, repeats: int, warmup: int = 1) -> tuple[list[float], list[float]]:
+    """Seconds per call of each, measured alternately so drift in machine load hits both alike."""
+    for _ in range(warmup):
+        baseline()
+        candidate()
+    tb, tc = [], []
+    for _ in range(repeats):
+        tb.append(_timed(baseline, device))
+        tc.append(_timed(candidate, device))
+    return tb, tc
+
+
+def _ratios(tb, tc):
+    return [b / c for b, c in zip(tb, tc)]
+
+
+# ---- rows -------------------------------------------------------------------------------------
+@torch.no_grad()
+def per_token_times(model, prompt_ids, n_new: int, use_cache: bool) -> list[float]:
+    """Seconds for each generated token (greedy), with or without the KV cache."""
+    from .generate import as_prompt_tensor, decode_one_token, prefill
+    from .kv_cache import KVCache
+
+    device = model.device
+    seq = as_prompt_tensor(prompt_ids, model)
+    times = []
+    if use_cache:
+        cache = KVCache.for_model(model, max_seq_len=seq.shape[1] + n_new)
+        t0 = time.perf_counter()
+        logits = prefill(model, seq, cache)
+        for _ in range(n_new):
+            tok = logits.argmax(-1, keepdim=True)
+            synchronize(device)
+            times.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            logits = decode_one_token(model, tok, cache)
+    else:
+        for _ in range(n_new):
+            t0 = time.perf_counter()
+            logits = model(seq, last_only=True, check=False)[:, -1]
+            tok = logits.argmax(-1, keepdim=True)
+            synchronize(device)
+            times.append(time.perf_counter() - t0)
+            seq = torch.cat([seq, tok], dim=1)
+    return times
+
+
+def row_cache_vs_recompute(model, tok, n_new: int, repeats: int, progress) -> tuple[Row, dict]:
+    prompt = tok.encode("import os\n", bos=True)
+    cached_runs, uncached_runs = [], []
+    for _ in range(repeats):
+        uncached_runs.append(per_token_times(model, prompt, n_new, use_cache=False))
+        cached_runs.append(per_token_times(model, prompt, n_new, use_cache=True))
+        progress()
+    tb = [sum(r) for r in uncached_runs]
+    tc = [sum(r) for r in cached_runs]
+    k = min(64, n_new // 4)
+    cached_med = [statistics.median(x) for x in zip(*cached_runs)]
+    growth = statistics.median(cached_med[-k:]) / statistics.median(cached_med[1:k + 1])
+    row = Row(f"KV cache vs recompute, {n_new} tokens", "recompute", "KV cache", _ratios(tb, tc),
+              f"{n_new / statistics.median(tb):.0f} tok/s", f"{n_new / statistics.median(tc):.0f} tok/s",
+              target=15.0 if n_new >= 1024 else None,
+              note=f"cached per-token time, last {k} / first {k}: {growth:.2f}x (goal <= 1.5)",
+              extra={"cached_growth": growth})
+    curves = {"cached": cached_med, "uncached": [statistics.median(x) for x in zip(*uncached_runs)]}
+    return row, curves
+
+
+def row_vs_transformers(model, tok, n_new: int, repeats: int, fast, progress) -> list[Row]:
+    from .generate import generate
+    from .hf import to_hf_llama
+
+    hf = to_hf_llama(model)
+    prompt = torch.tensor([tok.encode("def main():\n", bos=True)], device=model.device)
+
+    def theirs():
+        return hf.generate(prompt, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False)
+
+    def ours():
+        return generate(model, prompt, n_new)
+
+    ref = theirs()
+    rows = []
+    candidates = [("helpers eager loop", ours)]
+    if fast is not None:
+        candidates.append(("helpers compiled step", lambda: fast.generate(prompt, n_new)))
+    for label, fn in candidates:
+        same = torch.equal(fn(), ref)
+        tb, tc = interleaved(theirs, fn, model.device, repeats)
+        progress()
+        rows.append(Row(f"{label} vs transformers generate", "HF generate", label, _ratios(tb, tc),
+                        f"{n_new / statistics.median(tb):.0f} tok/s", f"{n_new / statistics.median(tc):.0f} tok/s",
+                        target=3.0, same_output=same, note=f"{n_new} greedy tokens"))
+    return rows
+
+
+def measure_copy_bandwidth(device, nbytes: int = 256 * 2**20, repeats: int = 7) -> float:
+    """Bytes moved per second by a large tensor copy (read + write both counted)."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).normal_()
+    dst = torch.empty_like(src)
+    times = [_timed(lambda: dst.copy_(src), device) for _ in range(repeats)]
+    return 2 * nbytes / statistics.median(times)
+
+
+@torch.no_grad()
+def row_decode_bandwidth(device, dtype, repeats: int, progress, preset: str = "bench-150m") -> Row:
+    """Batch-1 decode on a random-weight model too big for any cache: bytes it must read per token
+    (all matmul weights + the KV cache so far) / time per token, against measured copy bandwidth."""
+    from .flops import matmul_parameters
+    from .generate import decode_one_token, prefill
+    from .kv_cache import KVCache
+    from .model import ModelConfig, Transformer
+
+    cfg = ModelConfig.from_preset(preset)
+    torch.manual_seed(0)
+    model = Transformer(cfg).to(device=device, dtype=dtype).eval()
+    cache = KVCache.for_model(model, max_seq_len=256)
+    elem = torch.empty((), dtype=dtype).element_size()
+    prompt = torch.randint(0, cfg.vocab_size, (1, 16), device=device)
+    n_steps = 16
+    bw_runs, step_runs = [], []
+    for _ in range(repeats):
+        bw_runs.append(measure_copy_bandwidth(device))
+        logits = prefill(model, prompt, cache)
+        times = []
+        for _ in range(n_steps):
+            tok = logits.argmax(-1, keepdim=True)
+            synchronize(device)
+            t0 = time.perf_counter()
+            logits = decode_one_token(model, tok, cache)
+            synchronize(device)
+            times.append(time.perf_counter() - t0)
+        step_runs.append(statistics.median(times))
+        progress()
+    avg_pos = 16 + n_steps / 2
+    kv_read = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * avg_pos * elem
+    bytes_per_token = matmul_parameters(cfg) * elem + kv_read
+    achieved = [bytes_per_token / s for s in step_runs]
+    fractions = [a / b for a, b in zip(achieved, bw_runs)]
+    return Row(f"decode bandwidth, {preset} ({matmul_parameters(cfg) / 1e6:.0f}M)", "copy bandwidth", "decode",
+               fractions, f"{statistics.median(bw_runs) / 1e9:.1f} GB/s copy",
+               f"{statistics.median(achieved) / 1e9:.1f} GB/s decode", target=0.6,
+               note=f"{bytes_per_token / 1e6:.0f} MB read per token, {statistics.median(step_runs) * 1e3:.1f} ms/token")
+
+
+# ---- report -----------------------------------------------------------------------------------
+def plot(rows: list[Row], curves: dict | None, device_name: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .plotting import save_figure, use_course_style
+
+    use_course_style()
+    fig, ax = plt.subplots(figsize=(8, 0.5 * len(rows) + 1.5))
+    names = [r.name for r in rows][::-1]
+    meds = [r.median for r in rows][::-1]
+    err = [[r.median - min(r.ratios) for r in rows][::-1], [max(r.ratios) - r.median for r in rows][::-1]]
+    ax.barh(names, meds, xerr=err, color="tab:blue", alpha=0.8)
+    for i, r in enumerate(rows[::-1]):
+        if r.target is not None:
+            ax.plot([r.target, r.target], [i - 0.4, i + 0.4], color="tab:red", lw=2)
+    ax.set_xscale("log")
+    ax.set(xlabel="ratio (median, min-max); red: the course's target", title=f"helpers.bench on {device_name}")
+    save_figure(fig, "bench_summary", show=False)
+    if curves:
+        fig, ax = plt.subplots()
+        for label, ys in curves.items():
+            ax.plot(range(1, len(ys) + 1), [y * 1e3 for y in ys], label=label)
+        ax.set(yscale="log", xlabel="generated token", ylabel="ms per token (median)",
+               title=f"Per-token time with and without the KV cache ({device_name})")
+        ax.legend()
+        save_figure(fig, "bench_cache_latency", show=False)
+
+
+def device_description(device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="about a minute: shorter runs, fewer repeats")
+    ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows")
+    args = ap.parse_args(argv)
+    from tqdm.auto import tqdm
+
+    from .checkpoint import load_model
+    from .fast_decode import FastGenerator
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device) if args.device else default_device()
+    dtype = default_dtype(device)
+    name = device_description(device)
+    quick = args.quick
+    repeats = 3 if quick else 5
+    n_cache = 256 if quick else 1024
+    model, tok = load_model("target", device=device, dtype=dtype)
+
+    cache_repeats = 1 if quick else 3
+    steps = (0 if args.no_compile else 1) + cache_repeats + (1 if args.no_compile else 2) + repeats
+    bar = tqdm(total=steps, desc="bench", unit="run")
+    fast = None
+    compile_note = "compile skipped"
+    if not args.no_compile:
+        fast = FastGenerator(model)
+        secs = fast.warmup()
+        compile_note = f"compile {secs:.0f} s" if fast.compiled else "compile unavailable: eager fallback"
+        bar.update(1)
+    rows = []
+    row, curves = row_cache_vs_recompute(model, tok, n_cache, cache_repeats, lambda: bar.update(1))
+    rows.append(row)
+    rows += row_vs_transformers(model, tok, 256 if not quick else 128, repeats, fast, lambda: bar.update(1))
+    rows.append(row_decode_bandwidth(device, dtype, repeats, lambda: bar.update(1)))
+    bar.close()
+
+    print(f"\nhelpers.bench on {name}, torch {torch.__version__}, dtype {dtype}, {compile_note}"
+          f"{' (quick)' if quick else ''}")
+    print(f"{'row':38s} {'ratio':>7s} {'[min-max]':11s} {'baseline':>16s} -> {'candidate':<16s} target")
+    for r in rows:
+        print(r.line())
+    FIGURES.mkdir(exist_ok=True)
+    plot(rows, curves, name)
+    results = {"device": name, "torch": torch.__version__, "dtype": str(dtype), "quick": quick,
+               "compile": compile_note, "rows": [asdict(r) | {"median": r.median} for r in rows]}
+    (FIGURES / "bench_results.json").write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {FIGURES / 'bench_summary.png'}, bench_cache_latency.png, bench_results.json")
+
+
+if __name__ == "__main__":
+    main()
