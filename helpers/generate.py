@@ -8,8 +8,10 @@
 Both loops give identical tokens (the tests check it); the cached one does O(1) new work per step
 instead of reprocessing the whole prefix.
 
-Stop conditions: `max_new_tokens`, an end-of-text id (`eos_id`), and stop sequences (lists of ids).
-Generation past the context window raises a ValueError; it never silently truncates.
+Stop conditions: `max_new_tokens`, an end-of-text id (`eos_id`), stop sequences (lists of ids), and
+`stop_criteria`: callables `criterion(generated_ids) -> bool` such as stopping.py's loop detector and
+text-level stop strings. Generation past the context window raises a ValueError; it never silently
+truncates (sliding_window.py offers an explicit alternative).
 
 Out of scope: batching requests of different lengths (continuous batching), beam search.
 """
@@ -65,13 +67,17 @@ def decode_one_token(model, token: torch.Tensor, cache: KVCache) -> torch.Tensor
 
 
 class StopChecker:
-    """Decides after each new token whether generation is over (end-of-text or a stop sequence)."""
+    """Decides after each new token whether generation is over (end-of-text, a stop sequence, or a
+    stop criterion: a callable that gets the generated ids and returns True to stop)."""
 
-    def __init__(self, eos_id: int | None = None, stop_sequences=()):
+    def __init__(self, eos_id: int | None = None, stop_sequences=(), stop_criteria=()):
         self.eos_id = eos_id
         self.stop_sequences = [list(s) for s in stop_sequences]
         if any(len(s) == 0 for s in self.stop_sequences):
             raise ValueError("stop_sequences must not contain an empty sequence")
+        self.stop_criteria = list(stop_criteria)
+        if not all(callable(c) for c in self.stop_criteria):
+            raise ValueError("stop_criteria must be callables criterion(generated_ids) -> bool")
         self.reason = None
 
     def __call__(self, generated: list[int]) -> bool:
@@ -80,15 +86,20 @@ class StopChecker:
         for s in self.stop_sequences:
             if len(generated) >= len(s) and generated[-len(s):] == s:
                 self.reason = "stop_sequence"
+        if self.reason is None:
+            for criterion in self.stop_criteria:
+                if criterion(generated):
+                    self.reason = criterion
+                    break
         return self.reason is not None
 
 
-def _stop_checker(batch_size, eos_id, stop_sequences):
-    if eos_id is None and not stop_sequences:
+def _stop_checker(batch_size, eos_id, stop_sequences, stop_criteria=()):
+    if eos_id is None and not stop_sequences and not stop_criteria:
         return None
     if batch_size != 1:
-        raise ValueError(f"eos_id / stop_sequences need batch size 1; got batch size {batch_size}")
-    return StopChecker(eos_id, stop_sequences)
+        raise ValueError(f"eos_id / stop_sequences / stop_criteria need batch size 1; got batch size {batch_size}")
+    return StopChecker(eos_id, stop_sequences, stop_criteria)
 
 
 def _setup(model, prompt, max_new_tokens, sampling, temperature):
@@ -110,11 +121,12 @@ def _progress(total, show):
 @torch.no_grad()
 def generate(model, prompt, max_new_tokens: int, *, temperature: float = 0.0, sampling: SamplingConfig | None = None,
              generator: torch.Generator | None = None, eos_id: int | None = None, stop_sequences=(),
-             cache: KVCache | None = None, progress: bool = False) -> torch.Tensor:
+             cache: KVCache | None = None, progress: bool = False, stop_criteria=()) -> torch.Tensor:
     """Generate up to max_new_tokens after `prompt` with a KV cache. Returns (B, T + n_new) ids.
 
     temperature=0 (the default) is greedy decoding; pass `sampling=SamplingConfig(...)` for more.
-    Stops early (batch size 1) at `eos_id` (kept in the output) or at the end of a stop sequence.
+    Stops early (batch size 1) at `eos_id` (kept in the output), at the end of a stop sequence, or
+    when a stop criterion returns True (the token that triggered it is kept).
     """
     prompt, sampling = _setup(model, prompt, max_new_tokens, sampling, temperature)
     B, T = prompt.shape
@@ -122,7 +134,7 @@ def generate(model, prompt, max_new_tokens: int, *, temperature: float = 0.0, sa
         return prompt
     if cache is None:
         cache = KVCache.for_model(model, batch_size=B, max_seq_len=T + max_new_tokens)
-    stop = _stop_checker(B, eos_id, stop_sequences)
+    stop = _stop_checker(B, eos_id, stop_sequences, stop_criteria)
     generated: list[int] = []  # only kept when a stop condition needs to look at the tokens
     penalised = sampling.repetition_penalty != 1.0 or sampling.presence_penalty or sampling.frequency_penalty
     out = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=prompt.device)
@@ -150,11 +162,12 @@ def generate(model, prompt, max_new_tokens: int, *, temperature: float = 0.0, sa
 @torch.no_grad()
 def generate_without_cache(model, prompt, max_new_tokens: int, *, temperature: float = 0.0,
                            sampling: SamplingConfig | None = None, generator: torch.Generator | None = None,
-                           eos_id: int | None = None, stop_sequences=(), progress: bool = False) -> torch.Tensor:
+                           eos_id: int | None = None, stop_sequences=(), progress: bool = False,
+                           stop_criteria=()) -> torch.Tensor:
     """The same loop without a cache: every step runs the model over the whole sequence so far."""
     prompt, sampling = _setup(model, prompt, max_new_tokens, sampling, temperature)
     B, T = prompt.shape
-    stop = _stop_checker(B, eos_id, stop_sequences)
+    stop = _stop_checker(B, eos_id, stop_sequences, stop_criteria)
     generated: list[int] = []
     penalised = sampling.repetition_penalty != 1.0 or sampling.presence_penalty or sampling.frequency_penalty
     seq = prompt

@@ -6,10 +6,15 @@ The order is HuggingFace's: penalties act on raw logits, temperature rescales, t
 the candidate set (each filter sets the logits it removes to -inf), and softmax renormalises what is
 left. Temperature 0 means greedy (argmax), exactly.
 
+Every filter keeps all tokens tied with the last one it keeps, so its result never depends on how a
+sort orders equal values (HuggingFace's top-p picks an arbitrary subset of such ties; otherwise the
+results are identical, which tests/test_sampling.py checks against its warpers).
+
 Out of scope: beam search, grammar-constrained decoding, batched per-row settings.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -26,37 +31,46 @@ class SamplingConfig:
     frequency_penalty: float = 0.0  # 0 = off; OpenAI's: subtract per previous occurrence
 
     def __post_init__(self):
-        validate_sampling(self.temperature, self.top_k, self.top_p, self.min_p, self.repetition_penalty)
+        validate_sampling(self.temperature, self.top_k, self.top_p, self.min_p, self.repetition_penalty,
+                          self.presence_penalty, self.frequency_penalty)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
 
-def validate_sampling(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0) -> None:
-    import math
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
-    if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature < 0:
+
+def validate_sampling(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0,
+                      presence_penalty=0.0, frequency_penalty=0.0) -> None:
+    """Raise a ValueError naming the first setting outside its allowed range."""
+    if not _is_number(temperature) or temperature < 0:
         raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy); got {temperature!r}")
     if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0:
         raise ValueError(f"top_k must be an int >= 0 (0 = off); got {top_k!r}")
-    if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+    if not _is_number(top_p) or not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1] (1 = off); got {top_p!r}")
-    if not isinstance(min_p, (int, float)) or not 0 <= min_p <= 1:
+    if not _is_number(min_p) or not 0 <= min_p <= 1:
         raise ValueError(f"min_p must be in [0, 1] (0 = off); got {min_p!r}")
-    if not isinstance(repetition_penalty, (int, float)) or repetition_penalty <= 0:
-        raise ValueError(f"repetition_penalty must be > 0 (1 = off); got {repetition_penalty!r}")
+    if not _is_number(repetition_penalty) or repetition_penalty <= 0:
+        raise ValueError(f"repetition_penalty must be a finite number > 0 (1 = off); got {repetition_penalty!r}")
+    for name, value in (("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty)):
+        if not _is_number(value) or not -2 <= value <= 2:
+            raise ValueError(f"{name} must be in [-2, 2] (0 = off, the OpenAI API's range); got {value!r}")
 
 
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0 here (greedy is handled by the caller); got {temperature}")
+    if not _is_number(temperature) or temperature <= 0:
+        raise ValueError(f"temperature must be > 0 here (greedy is handled by the caller); got {temperature!r}")
     return logits / temperature
 
 
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
-    """Keep the k largest logits per row (ties at the k-th value are all kept), -inf elsewhere."""
-    if k <= 0 or k >= logits.shape[-1]:
+    """Keep the k largest logits per row (ties at the k-th value are all kept), -inf elsewhere. k=0: off."""
+    validate_sampling(top_k=k)
+    if k == 0 or k >= logits.shape[-1]:
         return logits
     kth = torch.topk(logits, k, dim=-1).values[..., -1:]  # (..., 1)
     return logits.masked_fill(logits < kth, float("-inf"))
@@ -65,60 +79,80 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
 def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     """Nucleus filter: keep the smallest set of most likely tokens whose probability reaches p.
 
-    A token is dropped when the probability of all tokens more likely than it already reaches p;
-    so the most likely token is always kept. (HuggingFace's TopPLogitsWarper computes the same set
-    from the other end of the sorted list.)
+    Computed from the unlikely end, like HuggingFace's TopPLogitsWarper: sort ascending and drop
+    tokens while the probability dropped so far stays <= 1 - p; what is left has probability >= p,
+    and the most likely token always stays. The logit of the least likely survivor is a threshold:
+    every token at or above it is kept, so exact ties at the boundary are all kept (HuggingFace
+    keeps whichever of them its unstable sort happens to put last).
     """
+    validate_sampling(top_p=p)
     if p >= 1.0:
         return logits
-    sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
-    probs = sorted_logits.softmax(dim=-1)
-    mass_before = probs.cumsum(dim=-1) - probs  # probability of the tokens ranked above each one
-    drop_sorted = mass_before >= p
-    drop = drop_sorted.scatter(-1, order, drop_sorted)
-    return logits.masked_fill(drop, float("-inf"))
+    V = logits.shape[-1]
+    sorted_logits = torch.sort(logits, dim=-1).values  # (..., V), ascending
+    dropped_mass = sorted_logits.softmax(dim=-1).cumsum(dim=-1)  # probability of this token and all below it
+    n_drop = (dropped_mass <= 1 - p).sum(dim=-1, keepdim=True).clamp(max=V - 1)  # a prefix: the cumsum only grows
+    threshold = sorted_logits.gather(-1, n_drop)  # (..., 1) logit of the least likely token kept
+    return logits.masked_fill(logits < threshold, float("-inf"))
 
 
 def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
-    """Keep tokens whose probability is at least min_p times the most likely token's."""
-    if min_p <= 0:
+    """Keep tokens whose probability is at least min_p times the most likely token's. min_p=0: off."""
+    validate_sampling(min_p=min_p)
+    if min_p == 0:
         return logits
     probs = logits.softmax(dim=-1)
     threshold = min_p * probs.max(dim=-1, keepdim=True).values
     return logits.masked_fill(probs < threshold, float("-inf"))
 
 
+def token_counts(previous: torch.Tensor, vocab_size: int, dtype=torch.float32) -> torch.Tensor:
+    """How often each id occurs in each row of previous (B, N) -> (B, V)."""
+    counts = torch.zeros(*previous.shape[:-1], vocab_size, dtype=dtype, device=previous.device)
+    return counts.scatter_add_(-1, previous, torch.ones_like(previous, dtype=dtype))
+
+
 def apply_penalties(logits: torch.Tensor, previous: torch.Tensor | None, repetition_penalty: float = 1.0,
                     presence_penalty: float = 0.0, frequency_penalty: float = 0.0) -> torch.Tensor:
-    """Penalise tokens already in `previous` (B, N) token ids.
+    """Penalise tokens already in `previous` (B, N) token ids (the prompt included). logits: (B, V).
 
-    repetition (HuggingFace): a seen token's logit is divided by the penalty if positive, multiplied
-    if negative (so it always becomes less likely).
+    repetition (HuggingFace, from the CTRL paper): a seen token's logit is divided by the penalty if
+    positive, multiplied by it if negative (so a penalty > 1 always makes it less likely).
     presence / frequency (OpenAI): logit -= presence * [count > 0] + frequency * count.
     """
+    validate_sampling(repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+                      frequency_penalty=frequency_penalty)
     if previous is None or previous.numel() == 0:
         return logits
     if repetition_penalty != 1.0:
-        seen = torch.gather(logits, -1, previous)
+        seen = torch.gather(logits, -1, previous)  # (B, N)
         seen = torch.where(seen < 0, seen * repetition_penalty, seen / repetition_penalty)
         logits = logits.scatter(-1, previous, seen)
     if presence_penalty or frequency_penalty:
-        counts = torch.zeros_like(logits).scatter_add_(-1, previous, torch.ones_like(previous, dtype=logits.dtype))
+        counts = token_counts(previous, logits.shape[-1], logits.dtype)  # (B, V)
         logits = logits - presence_penalty * (counts > 0).to(logits.dtype) - frequency_penalty * counts
     return logits
 
 
-def probabilities(logits: torch.Tensor, cfg: SamplingConfig, previous: torch.Tensor | None = None) -> torch.Tensor:
-    """The distribution the next token is drawn from, (..., V). Greedy gives a one-hot."""
-    logits = logits.float()
-    logits = apply_penalties(logits, previous, cfg.repetition_penalty, cfg.presence_penalty, cfg.frequency_penalty)
+def filtered_logits(logits: torch.Tensor, cfg: SamplingConfig, previous: torch.Tensor | None = None) -> torch.Tensor:
+    """Penalties, temperature and the three filters in order; removed tokens are -inf. Not for greedy."""
     if cfg.greedy:
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
+        raise ValueError("temperature must be > 0 for filtered_logits (temperature 0 is greedy: use probabilities)")
+    logits = apply_penalties(logits.float(), previous, cfg.repetition_penalty, cfg.presence_penalty,
+                             cfg.frequency_penalty)
     logits = apply_temperature(logits, cfg.temperature)
     logits = top_k_filter(logits, cfg.top_k)
     logits = top_p_filter(logits, cfg.top_p)
-    logits = min_p_filter(logits, cfg.min_p)
-    return logits.softmax(dim=-1)
+    return min_p_filter(logits, cfg.min_p)
+
+
+def probabilities(logits: torch.Tensor, cfg: SamplingConfig, previous: torch.Tensor | None = None) -> torch.Tensor:
+    """The distribution the next token is drawn from, (..., V). Greedy gives a one-hot."""
+    if cfg.greedy:
+        logits = apply_penalties(logits.float(), previous, cfg.repetition_penalty, cfg.presence_penalty,
+                                 cfg.frequency_penalty)
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
+    return filtered_logits(logits, cfg, previous).softmax(dim=-1)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:

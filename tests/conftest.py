@@ -11,6 +11,10 @@ from helpers.model import ModelConfig, Transformer
 
 TESTS = Path(__file__).resolve().parent
 os.environ.setdefault("PYTHONHASHSEED", "0")
+# one thread per process: the suite runs two workers on two cores, and small models gain nothing from
+# more threads (they only fight over the cores); notebook kernels inherit this too
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(1)
 # keep torch.compile's cache out of the system temp folder
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(TESTS.parent / ".cache" / "inductor"))
 

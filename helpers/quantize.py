@@ -1,0 +1,396 @@
+"""Weight-only quantization: the arithmetic by hand, and linear layers that run on torch's real kernels.
+
+The teaching versions are pure functions on a weight matrix `w` of shape (N, K) = (out_features,
+in_features), as `nn.Linear` stores it:
+
+    q, scale = quantize_absmax(w, bits=8, per_channel=False)    w ~ q * scale,  q in -127..127
+    q, scales, zeros = quantize_groupwise(w, bits=4, group_size=64)
+        asymmetric (default): q in 0..15,  w ~ (q - 8) * scale + zero   (one scale and zero per group)
+        symmetric:            q in -7..7,  w ~ q * scale                (zeros is None)
+
+Groups are `group_size` consecutive weights along K (the input dimension), which is what the int4
+kernels expect. `zero` is the value the middle code 8 stands for, as torch's int4 kernels define it
+(about the centre of the group's range), so `dequantize_groupwise` is exactly the kernels' formula.
+
+`QuantizedLinear` is a drop-in replacement for a bias-free `nn.Linear`; `quantize_model` returns a
+quantized copy of a course `Transformer`. Kernels (`kernel=`):
+
+    "reference"   dequantize the whole weight, then F.linear: the teaching version, any device. It
+                  reads the small integers *and* writes and reads a full-precision copy on every call,
+                  so it is slower than not quantizing at all.
+    "int8pack"    int8: torch.ops.aten._weight_int8pack_mm (weight-only int8; on a CPU it is fast only
+                  with bf16 activations, so the input is cast to bf16 and the output back).
+    "int4pack"    int4: CPU torch.ops.aten._weight_int4pack_mm_for_cpu, CUDA _weight_int4pack_mm
+                  (tinygemm); both read bf16 activations and bf16 scales/zeros.
+    "dynamic"     int8, CPU: torch.ops.quantized.linear_dynamic (fbgemm/x86). Not weight-only: it also
+                  rounds each call's activations to 8 bits (one scale per call), so its error is larger.
+    "linear_then_scale"  int8: F.linear(x, q.to(x.dtype)) * scale, the form torch.compile fuses into one
+                  kernel on a GPU (gpt-fast's weight-only int8). In eager mode it is not fast.
+    "auto"        CPU: int8 -> "int8pack", int4 -> "int4pack"; CUDA: int8 -> "linear_then_scale", int4
+                  -> "int4pack". On a shared 2-core x86 CPU (one thread), whole-model decode of a
+                  137M-parameter model ran about 1.8x (int8pack), 3x (dynamic) and 3x (int4pack) faster
+                  than fp32; "dynamic" is not the default because rounding activations moved the logits
+                  ten times more than rounding the weights did. With two threads on a busy machine all
+                  three were several times *slower* than fp32 (their parallel loops wait for the busy
+                  core). The CUDA choices follow the torch source (its CUDA _weight_int8pack_mm runs one
+                  thread per output element) and were not measured here.
+
+Scales and zeros are stored in bfloat16 (2 bytes each; the int4 kernels require it), and the integers
+are computed from the stored, rounded scales, so dequantizing reproduces exactly what a kernel uses.
+Packed kernel layouts are device-specific: quantize on the device you will run on.
+
+Out of scope: activation-aware methods (GPTQ, AWQ, SmoothQuant), quantized KV caches, fp8, training.
+"""
+from __future__ import annotations
+
+import copy
+import warnings
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+METHODS = ("int8", "int4")
+KERNELS = ("auto", "reference", "int8pack", "int4pack", "dynamic", "linear_then_scale")
+KERNEL_GROUP_SIZES = (32, 64, 128, 256)  # what torch's int4 kernels accept
+STORAGE_DTYPE = torch.bfloat16  # scales and zeros
+_TINY = 1e-10  # smallest scale: an all-zero row or group quantizes to zeros instead of dividing by 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The arithmetic, by hand
+# ---------------------------------------------------------------------------------------------
+
+def _check_weight(w, name: str = "w") -> None:
+    if not isinstance(w, torch.Tensor) or not w.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point torch.Tensor; got {getattr(w, 'dtype', type(w).__name__)}")
+    if w.dim() != 2:
+        raise ValueError(f"{name} must be 2-D (out_features, in_features); got shape {tuple(w.shape)}")
+
+
+def _check_finite(reduced: torch.Tensor) -> None:
+    """NaN and inf survive max/min reductions, so checking the (small) reduced tensor is enough."""
+    if not torch.isfinite(reduced).all():
+        raise ValueError("w must contain only finite values (no NaN or inf)")
+
+
+def _check_bits(bits, allowed) -> None:
+    if not isinstance(bits, int) or isinstance(bits, bool) or bits not in allowed:
+        raise ValueError(f"bits must be an int in [{min(allowed)}, {max(allowed)}]; got {bits!r}")
+
+
+def quantize_absmax(w: torch.Tensor, bits: int = 8, per_channel: bool = False,
+                    scale_dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric absmax quantization: scale = max|w| / (2^(bits-1) - 1), q = round(w / scale).
+
+    per_channel=False: one scale for the whole tensor (shape ()); True: one per output row (N, 1).
+    Returns int8 codes in [-(2^(bits-1) - 1), 2^(bits-1) - 1] and the scale, stored as `scale_dtype`.
+    """
+    _check_weight(w)
+    _check_bits(bits, range(2, 9))
+    qmax = 2 ** (bits - 1) - 1
+    w32 = w.float()
+    absmax = w32.abs().amax(dim=1, keepdim=True) if per_channel else w32.abs().amax()  # (N, 1) or ()
+    _check_finite(absmax)
+    scale = (absmax / qmax).clamp(min=_TINY).to(scale_dtype)  # stored, possibly rounded
+    q = (w32 / scale.float()).round_().clamp_(-qmax, qmax).to(torch.int8)  # (N, K)
+    return q, scale
+
+
+def dequantize_absmax(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return (q.float() * scale.float()).to(dtype)
+
+
+def _check_group_size(group_size, K: int) -> None:
+    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 2:
+        raise ValueError(f"group_size must be an int >= 2; got {group_size!r}")
+    if K % group_size:
+        raise ValueError(f"group_size ({group_size}) must divide in_features ({K}); "
+                         f"allowed: divisors of {K} that are >= 2")
+
+
+def quantize_groupwise(w: torch.Tensor, bits: int = 4, group_size: int = 64, symmetric: bool = False,
+                       scale_dtype: torch.dtype = torch.float32):
+    """Group-wise quantization along K: one scale (and zero) per `group_size` consecutive weights of a row.
+
+    asymmetric: scale = (max - min) / (2^bits - 1), zero = min + 2^(bits-1) * scale,
+                q = round((w - zero) / scale) + 2^(bits-1), clamped to [0, 2^bits - 1] (uint8);
+                w ~ (q - 2^(bits-1)) * scale + zero.
+    symmetric:  scale = max|w| / (2^(bits-1) - 1), q = round(w / scale) (int8), zeros is None.
+    Returns q (N, K), scales (N, K // group_size), zeros (N, K // group_size) or None.
+    """
+    _check_weight(w)
+    _check_bits(bits, range(2, 9))
+    N, K = w.shape
+    _check_group_size(group_size, K)
+    groups = w.float().reshape(N, K // group_size, group_size)  # (N, G, g)
+    if symmetric:
+        qmax = 2 ** (bits - 1) - 1
+        absmax = groups.abs().amax(-1)  # (N, G)
+        _check_finite(absmax)
+        scales = (absmax / qmax).clamp(min=_TINY).to(scale_dtype)  # (N, G)
+        q = (groups / scales.float().unsqueeze(-1)).round_().clamp_(-qmax, qmax).to(torch.int8)
+        return q.reshape(N, K), scales, None
+    mid, top = 2 ** (bits - 1), 2 ** bits - 1
+    lo, hi = torch.aminmax(groups, dim=-1)  # (N, G) each
+    _check_finite(hi - lo)
+    scales = ((hi - lo) / top).clamp(min=_TINY).to(scale_dtype)  # (N, G)
+    zeros = (lo + mid * scales.float()).to(scale_dtype)  # (N, G): the value of code `mid`
+    q = (groups - zeros.float().unsqueeze(-1)).div_(scales.float().unsqueeze(-1)).round_().add_(mid)
+    return q.clamp_(0, top).to(torch.uint8).reshape(N, K), scales, zeros
+
+
+def dequantize_groupwise(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, group_size: int,
+                         bits: int = 4, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    N, K = q.shape
+    _check_group_size(group_size, K)
+    codes = q.float().reshape(N, K // group_size, group_size)  # (N, G, g)
+    if zeros is None:
+        w = codes * scales.float().unsqueeze(-1)
+    else:
+        w = (codes - 2 ** (bits - 1)) * scales.float().unsqueeze(-1) + zeros.float().unsqueeze(-1)
+    return w.reshape(N, K).to(dtype)
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """Two 4-bit codes (0..15) per byte: (N, K) uint8 -> (N, K/2) uint8, even k in the low nibble."""
+    if q.dtype != torch.uint8 or q.dim() != 2 or q.shape[1] % 2:
+        raise ValueError(f"q must be a 2-D uint8 tensor with an even number of columns; got {q.dtype} "
+                         f"{tuple(q.shape)}")
+    if int(q.max()) > 15:
+        raise ValueError(f"q must hold 4-bit codes in [0, 15]; got max {int(q.max())}")
+    return q[:, 0::2] | (q[:, 1::2] << 4)
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """Inverse of pack_int4: (N, K/2) uint8 -> (N, K) uint8 codes."""
+    low, high = packed & 0x0F, packed >> 4
+    return torch.stack([low, high], dim=-1).reshape(packed.shape[0], -1)  # (N, K)
+
+
+# ---------------------------------------------------------------------------------------------
+# A drop-in nn.Linear on real kernels
+# ---------------------------------------------------------------------------------------------
+
+def available_kernels(method: str, device) -> list[str]:
+    """Kernels QuantizedLinear can use for `method` on `device` (besides "auto")."""
+    device = torch.device(device)
+    out = ["reference"]
+    if method == "int8":
+        out.append("int8pack")
+        if device.type == "cpu" and set(torch.backends.quantized.supported_engines) & {"fbgemm", "x86"}:
+            out.append("dynamic")
+        out.append("linear_then_scale")
+    elif method == "int4" and device.type in ("cpu", "cuda"):
+        if device.type == "cpu" or torch.cuda.get_device_capability(device)[0] >= 8:
+            out.append("int4pack")
+    return out
+
+
+def resolve_kernel(method: str, kernel: str, device) -> str:
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}; got {method!r}")
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}; got {kernel!r}")
+    device = torch.device(device)
+    available = available_kernels(method, device)
+    if kernel == "auto":
+        if method == "int4":
+            return "int4pack" if "int4pack" in available else "reference"
+        return "linear_then_scale" if device.type == "cuda" else "int8pack"
+    if kernel not in available:
+        raise ValueError(f"kernel {kernel!r} is not available for {method} on {device.type}; "
+                         f"choose one of {available + ['auto']}")
+    return kernel
+
+
+def _inner_k_tiles(K: int) -> int:
+    """How many 16-wide k-tiles the int4 packing puts side by side: the largest of 8, 4, 2 dividing K/16."""
+    for tiles in (8, 4, 2):
+        if K % (tiles * 16) == 0:
+            return tiles
+    raise ValueError(f"in_features ({K}) must be a multiple of 32 for the int4 kernels")
+
+
+class QuantizedLinear(nn.Module):
+    """y = x W^T with W stored as int8 codes (one scale per output row) or int4 codes (one scale and
+    zero per group of `group_size` inputs), scales and zeros in bf16. Output dtype = input dtype."""
+
+    def __init__(self, weight: torch.Tensor, method: str = "int8", group_size: int = 64, kernel: str = "auto"):
+        super().__init__()
+        _check_weight(weight, "weight")
+        self.kernel = resolve_kernel(method, kernel, weight.device)
+        self.method, self.dtype, self.device_type = method, weight.dtype, weight.device.type
+        self.out_features, self.in_features = N, K = weight.shape
+        self.group_size = group_size if method == "int4" else None
+        w = weight.detach()
+        if method == "int8":
+            q, scales = quantize_absmax(w, bits=8, per_channel=True, scale_dtype=STORAGE_DTYPE)  # (N, K), (N, 1)
+            self.register_buffer("scales", scales.reshape(N))  # (N,) bf16
+            if self.kernel == "dynamic":
+                self._packed = _prepack_dynamic(q, self.scales)  # fbgemm's own int8 layout (CPU only)
+            else:
+                self.register_buffer("qweight", q)  # (N, K) int8
+            return
+        if group_size not in KERNEL_GROUP_SIZES:
+            raise ValueError(f"group_size must be one of {KERNEL_GROUP_SIZES} for int4; got {group_size!r}")
+        _check_group_size(group_size, K)
+        if K % 32:
+            raise ValueError(f"in_features ({K}) must be a multiple of 32 for int4")
+        if self.kernel == "int4pack" and self.device_type == "cuda" and N % 8:
+            raise ValueError(f"out_features ({N}) must be a multiple of 8 for the CUDA int4 kernel")
+        q, scales, zeros = quantize_groupwise(w, bits=4, group_size=group_size, scale_dtype=STORAGE_DTYPE)
+        if self.kernel == "reference":
+            self.register_buffer("qweight", pack_int4(q))  # (N, K/2) uint8: two codes per byte
+            self.register_buffer("scales", scales)  # (N, G) bf16
+            self.register_buffer("zeros", zeros)  # (N, G) bf16
+        else:
+            self.register_buffer("qweight", _pack_for_int4_kernel(q, _inner_k_tiles(K)))  # opaque tiled layout
+            self.register_buffer("scales_and_zeros",  # (G, N, 2) bf16: what the int4 kernels read
+                                 torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous())
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, method: str = "int8", group_size: int = 64,
+                    kernel: str = "auto") -> "QuantizedLinear":
+        if not isinstance(linear, nn.Linear):
+            raise ValueError(f"linear must be an nn.Linear; got {type(linear).__name__}")
+        if linear.bias is not None:
+            raise ValueError("linear must have no bias (bias=False); the course model's layers have none")
+        return cls(linear.weight, method=method, group_size=group_size, kernel=kernel)
+
+    def dequantized_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The (N, K) matrix this layer multiplies by. For int4 only with kernel="reference" (the
+        kernels' tiled layouts are opaque; build a reference layer from the same weight instead)."""
+        dtype = dtype or self.dtype
+        if self.method == "int8":
+            if self.kernel == "dynamic":
+                q = torch.ops.quantized.linear_unpack(self._packed)[0].int_repr()  # (N, K) int8
+            else:
+                q = self.qweight
+            return dequantize_absmax(q, self.scales.unsqueeze(1), dtype)
+        if self.kernel != "reference":
+            raise ValueError("dequantized_weight of an int4 layer needs kernel='reference'; got "
+                             f"kernel={self.kernel!r}")
+        return dequantize_groupwise(unpack_int4(self.qweight), self.scales, self.zeros, self.group_size, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != self.device_type:
+            raise ValueError(f"input is on {x.device.type} but this layer was quantized for {self.device_type}: "
+                             "packed layouts are device-specific, so quantize on the device you run on")
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"input's last dimension must be in_features={self.in_features}; got {x.shape[-1]}")
+        if self.kernel == "reference":  # NEW work per call: a full-precision copy of the whole weight
+            return F.linear(x, self.dequantized_weight(x.dtype))
+        if self.kernel == "linear_then_scale":
+            return F.linear(x, self.qweight.to(x.dtype)) * self.scales.to(x.dtype)
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)  # (M, K)
+        if self.kernel == "dynamic":
+            y = torch.ops.quantized.linear_dynamic(x2.float().contiguous(), self._packed)
+        elif self.kernel == "int8pack" and x2.device.type != "cpu":
+            y = torch.ops.aten._weight_int8pack_mm(x2.contiguous(), self.qweight, self.scales.to(x.dtype))
+        elif self.kernel == "int8pack":  # the CPU kernel is fast only with bf16 activations
+            y = torch.ops.aten._weight_int8pack_mm(x2.to(torch.bfloat16).contiguous(), self.qweight, self.scales)
+        elif x2.device.type == "cuda":  # int4pack (tinygemm): bf16 activations, scales and zeros
+            y = torch.ops.aten._weight_int4pack_mm(x2.to(torch.bfloat16).contiguous(), self.qweight,
+                                                   self.group_size, self.scales_and_zeros)
+        else:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.to(torch.bfloat16).contiguous(), self.qweight,
+                                                           self.group_size, self.scales_and_zeros)
+        return y.to(x.dtype).reshape(*lead, self.out_features)
+
+    def nbytes(self) -> dict:
+        """Bytes of the format: codes, scales and zeros (a kernel's tiled layout has the same size)."""
+        N, K = self.out_features, self.in_features
+        elem = torch.empty((), dtype=STORAGE_DTYPE).element_size()
+        if self.method == "int8":
+            return {"weights": N * K, "scales": N * elem, "zeros": 0}
+        G = K // self.group_size
+        return {"weights": N * K // 2, "scales": N * G * elem, "zeros": N * G * elem}
+
+    def extra_repr(self) -> str:
+        g = f", group_size={self.group_size}" if self.group_size else ""
+        return (f"in_features={self.in_features}, out_features={self.out_features}, method={self.method}{g}, "
+                f"kernel={self.kernel}")
+
+
+def _pack_for_int4_kernel(q: torch.Tensor, inner_k_tiles: int) -> torch.Tensor:
+    """Codes (N, K) uint8 in 0..15 -> the layout torch's int4 matmul reads on q's device."""
+    if q.device.type == "cpu":
+        return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), inner_k_tiles)
+    # CUDA: (N, K/2) uint8 with the even k in the HIGH nibble, then the tensor-core tile layout
+    pairs = ((q[:, 0::2] << 4) | q[:, 1::2]).contiguous()  # (N, K/2) uint8
+    return torch.ops.aten._convert_weight_to_int4pack(pairs, inner_k_tiles)  # (N/8, K/(tiles*16), 32, tiles/2)
+
+
+def _prepack_dynamic(q: torch.Tensor, scales: torch.Tensor):
+    N = q.shape[0]
+    with warnings.catch_warnings():  # torch >= 2.10 flags quantized tensors as deprecated; the op still ships
+        warnings.simplefilter("ignore")
+        qw = torch._make_per_channel_quantized_tensor(q.cpu(), scales.double().cpu(),
+                                                      torch.zeros(N, dtype=torch.long), 0)
+        return torch.ops.quantized.linear_prepack(qw, None)
+
+
+# ---------------------------------------------------------------------------------------------
+# A whole model
+# ---------------------------------------------------------------------------------------------
+
+QUANTIZED_LAYERS = ("attn.wqkv", "attn.wo", "mlp.w_gate_up", "mlp.w_down")
+
+
+@torch.no_grad()
+def quantize_model(model, method: str = "int8", group_size: int = 64, kernel: str = "auto",
+                   quantize_head: bool = False, progress: bool = False):
+    """A quantized copy of a course Transformer: every block's wqkv, wo, w_gate_up and w_down become
+    QuantizedLinear. The original model is not changed.
+
+    The tied embedding/head matrix stays in full precision by default: the embedding is a lookup (one
+    row per token, not worth compressing for speed), and the output head is the layer most sensitive
+    to rounding. quantize_head=True gives the head its own quantized copy of that matrix (the
+    embedding keeps the full-precision one), which saves bytes *read* per decode step but stores more.
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}; got {method!r}")
+    resolve_kernel(method, kernel, model.device)  # fail before copying a large model
+    if method == "int4" and group_size not in KERNEL_GROUP_SIZES:
+        raise ValueError(f"group_size must be one of {KERNEL_GROUP_SIZES} for int4; got {group_size!r}")
+    targets = [getattr(getattr(block, part), child) for block in model.layers
+               for part, child in (name.split(".") for name in QUANTIZED_LAYERS)]
+    if not all(isinstance(t, nn.Linear) for t in targets):
+        raise ValueError("model must be a full-precision Transformer (its layers are already quantized)")
+    # copy everything except the weights about to be replaced: the memo makes deepcopy reuse them
+    replaced = [t.weight for t in targets]
+    qmodel = copy.deepcopy(model, memo={id(w): w for w in replaced}).eval()
+    blocks = qmodel.layers
+    if progress:
+        from tqdm.auto import tqdm
+
+        blocks = tqdm(blocks, desc=f"quantizing ({method})", unit="layer", leave=False)
+    for block in blocks:
+        for name in QUANTIZED_LAYERS:
+            parent_name, child = name.split(".")
+            parent = getattr(block, parent_name)
+            setattr(parent, child, QuantizedLinear.from_linear(getattr(parent, child), method, group_size, kernel))
+    if quantize_head:
+        qmodel.head = QuantizedLinear(qmodel.embed.weight, method, group_size, kernel)
+    qmodel.quantization = {"method": method, "group_size": group_size if method == "int4" else None,
+                           "kernel": resolve_kernel(method, kernel, model.device), "quantize_head": quantize_head}
+    return qmodel
+
+
+def weight_bytes_breakdown(model) -> dict:
+    """Bytes of everything the model stores, split into quantized codes, scales, zeros and the tensors
+    kept in full precision (embedding/head, norms). A tied matrix is counted once."""
+    out = {"weights": 0, "scales": 0, "zeros": 0, "full_precision": 0}
+    for module in model.modules():
+        if isinstance(module, QuantizedLinear):
+            for k, v in module.nbytes().items():
+                out[k] += v
+    seen = set()
+    for p in model.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            out["full_precision"] += p.numel() * p.element_size()
+    out["total"] = sum(out.values())
+    return out

@@ -1,0 +1,411 @@
+"""Speculative decoding: a cheap drafter proposes tokens, the target checks them all in one pass.
+
+    ids, stats = speculative_generate(target, draft, prompt, max_new_tokens=128, gamma=4)
+    ids, stats = prompt_lookup_generate(target, prompt, max_new_tokens=128)   # no draft model
+
+Speculative sampling (Leviathan et al. 2023, "Fast Inference from Transformers via Speculative
+Decoding"; Chen et al. 2023, "Accelerating Large Language Model Decoding with Speculative
+Sampling"). One round:
+
+1. the draft model proposes gamma tokens x_1..x_gamma, one at a time, against its own KV cache,
+   remembering the distribution p_draft it drew each one from;
+2. the target runs ONE forward pass over the gamma + 1 positions (the last committed token and the
+   gamma proposals) against its KV cache, which gives p_target at every proposed position plus one;
+3. x_i is accepted with probability min(1, p_target(x_i) / p_draft(x_i)), left to right;
+4. at the first rejection, position i gets a token drawn from norm(max(0, p_target - p_draft)) and
+   the later proposals are discarded (they were conditioned on the rejected token); if all gamma are
+   accepted, a bonus token is drawn from the target's extra position;
+5. both caches are rolled back to the committed length (`KVCache.truncate`).
+
+Each committed token is distributed exactly as the target alone would have produced it. Both
+distributions come from `sampling.probabilities` with the same SamplingConfig; at temperature 0 both
+are one-hot, the rule reduces to "accept while the argmaxes agree, then take the target's argmax",
+and the output equals greedy decoding with the target, token for token.
+
+Prompt lookup (n-gram) drafting needs no draft model: the proposal is what followed the most recent
+earlier occurrence of the sequence's last n tokens. Such a draft is deterministic, so p_draft is
+one-hot at each proposal, and the same rule keeps the output distribution exact.
+
+The loop is kept lean, because on a CPU a small model's decode step is mostly per-operation
+overhead: the committed tokens and the proposals live in one preallocated id buffer (the
+verification input is a slice of it, never a concatenation), the acceptance test for all gamma
+tokens is a handful of batched tensor ops, and each round reads exactly one number back from the
+device (how many proposals were accepted).
+
+Out of scope: batch size > 1 (rows would accept different numbers of tokens), repetition / presence /
+frequency penalties (their distribution depends on the tokens before each position), tree
+verification (several drafts per round), and self-speculation (early-exit drafting).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .generate import as_prompt_tensor, check_generation_length
+from .kv_cache import KVCache
+from .sampling import SamplingConfig, probabilities
+
+DEFAULT_GAMMA = 3  # draft tokens per round with a draft model (chapter 08 measures the choice)
+DEFAULT_LOOKUP_GAMMA = 6  # prompt-lookup proposals per round: no draft steps, but a longer verify pass
+DEFAULT_MAX_NGRAM = 3
+DEFAULT_MIN_NGRAM = 2  # a single-token match is weak evidence: its proposals are mostly rejected
+
+
+@dataclass
+class SpeculativeStats:
+    """What happened in one generation call.
+
+    proposed[r] / accepted[r]: draft tokens proposed and accepted in round r. Every round is one
+    target forward pass (`target_calls`; the prompt's prefill is not counted) and commits
+    accepted[r] + 1 tokens (the last one from the residual, or the bonus token), except that the
+    final round may be cut at max_new_tokens or at eos.
+    """
+    proposed: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+    target_calls: int = 0
+    draft_calls: int = 0
+    new_tokens: int = 0
+    trace: list[tuple[list[int], int, int]] | None = None  # with trace=True: (proposal ids, n accepted, next id)
+
+    @property
+    def rounds(self) -> int:
+        return len(self.proposed)
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Estimate of alpha: accepted / examined proposals. A proposal is examined when all before it
+        in its round were accepted, so examined = accepted + rejections (rounds that stopped early)."""
+        rejections = sum(a < p for a, p in zip(self.accepted, self.proposed))
+        examined = sum(self.accepted) + rejections
+        return sum(self.accepted) / examined if examined else float("nan")
+
+    @property
+    def tokens_per_target_call(self) -> float:
+        return self.new_tokens / self.target_calls if self.target_calls else float("nan")
+
+    def merge(self, other: "SpeculativeStats") -> "SpeculativeStats":
+        trace = None if self.trace is None or other.trace is None else self.trace + other.trace
+        return SpeculativeStats(self.proposed + other.proposed, self.accepted + other.accepted,
+                                self.target_calls + other.target_calls, self.draft_calls + other.draft_calls,
+                                self.new_tokens + other.new_tokens, trace)
+
+
+def expected_tokens_per_target_call(alpha: float, gamma: int) -> float:
+    """(1 - alpha^(gamma+1)) / (1 - alpha): committed tokens per round when each proposal is accepted
+    independently with probability alpha (Leviathan et al., eq. 1)."""
+    if not 0 <= alpha <= 1:
+        raise ValueError(f"alpha must be in [0, 1]; got {alpha!r}")
+    if not isinstance(gamma, int) or gamma < 0:
+        raise ValueError(f"gamma must be an int >= 0; got {gamma!r}")
+    return gamma + 1.0 if alpha == 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
+def acceptance_probability(p_target: torch.Tensor, p_draft: torch.Tensor) -> torch.Tensor:
+    """The chance that a token drawn from p_draft is accepted: sum_x min(p_target(x), p_draft(x)),
+    i.e. 1 - total variation distance. Works on (..., V), returns (...)."""
+    return torch.minimum(p_target, p_draft).sum(-1)
+
+
+def accept_or_resample(p_target: torch.Tensor, p_draft: torch.Tensor | None, draft_tokens: torch.Tensor,
+                       generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The verification rule, for one round or for a batch of independent rounds.
+
+    p_target:     (..., gamma + 1, V) the target's distributions at the gamma proposed positions and one more
+    p_draft:      (..., gamma, V) the distributions the proposals were drawn from; None means a
+                  deterministic drafter (prompt lookup): p_draft is one-hot at each proposal
+    draft_tokens: (..., gamma) the proposals
+    Returns n_accepted (...) in 0..gamma and next_token (...): the token that follows the accepted
+    ones, from norm(max(0, p_target - p_draft)) at the first rejected position, or from p_target's
+    extra position when all were accepted (the bonus token).
+
+    Random numbers, in this order: gamma uniforms (one per proposal; u < p_target/p_draft accepts, written
+    u * p_draft < p_target so nothing divides by zero), then one multinomial draw per round.
+    """
+    gamma = draft_tokens.shape[-1]
+    if p_target.shape[-2] != gamma + 1:
+        raise ValueError(f"p_target must have gamma + 1 = {gamma + 1} positions; got {p_target.shape[-2]}")
+    V = p_target.shape[-1]
+    idx = draft_tokens.unsqueeze(-1)  # (..., gamma, 1)
+    p_target_x = p_target[..., :gamma, :].gather(-1, idx).squeeze(-1)  # (..., gamma)
+    if p_draft is None:
+        p_draft_x = torch.ones_like(p_target_x)
+    else:
+        if p_draft.shape[-2] != gamma:
+            raise ValueError(f"p_draft must have gamma = {gamma} positions; got {p_draft.shape[-2]}")
+        p_draft_x = p_draft.gather(-1, idx).squeeze(-1)  # (..., gamma)
+    u = torch.rand(p_target_x.shape, generator=generator, device=p_target.device)  # (..., gamma)
+    accepted = u * p_draft_x < p_target_x  # (..., gamma)
+    n_accepted = accepted.long().cumprod(-1).sum(-1)  # (...,) length of the leading run of acceptances
+    # the next token's distribution: the residual at position n_accepted; at n_accepted == gamma the
+    # draft row is zero padding, so the same formula gives p_target's extra row (the bonus token)
+    lead = n_accepted.shape
+    pick = n_accepted.view(*lead, 1, 1).expand(*lead, 1, V)  # (..., 1, V)
+    p_target_n = p_target.gather(-2, pick).squeeze(-2)  # (..., V)
+    if p_draft is None:
+        draft_padded = torch.nn.functional.pad(draft_tokens, (0, 1), value=-1)  # (..., gamma + 1)
+        x_n = draft_padded.gather(-1, n_accepted.unsqueeze(-1))  # (..., 1)
+        residual = p_target_n.masked_fill(torch.arange(V, device=x_n.device) == x_n, 0.0)
+    else:
+        p_draft_padded = torch.nn.functional.pad(p_draft, (0, 0, 0, 1))  # (..., gamma + 1, V)
+        residual = (p_target_n - p_draft_padded.gather(-2, pick).squeeze(-2)).clamp_min(0.0)  # (..., V)
+    # a rejection has probability zero when the residual is all zero; guard against float rounding
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_target_n)
+    flat = residual.reshape(-1, V)
+    next_token = torch.multinomial(flat, 1, generator=generator).view(lead)  # multinomial normalises
+    return n_accepted, next_token
+
+
+def greedy_accept(target_argmax: torch.Tensor, draft_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """accept_or_resample for one-hot distributions (temperature 0), without building them.
+
+    target_argmax (..., gamma + 1), draft_tokens (..., gamma). A one-hot p_target accepts x_i with
+    probability 1 if x_i is its argmax and 0 otherwise; the residual of two different one-hots is the
+    target's one-hot. So: accept while the tokens agree, then take the target's argmax. No randomness.
+    """
+    gamma = draft_tokens.shape[-1]
+    agree = draft_tokens == target_argmax[..., :gamma]
+    n_accepted = agree.long().cumprod(-1).sum(-1)
+    return n_accepted, target_argmax.gather(-1, n_accepted.unsqueeze(-1)).squeeze(-1)
+
+
+def _check_sampling(sampling: SamplingConfig | None, temperature: float) -> SamplingConfig:
+    if sampling is None:
+        sampling = SamplingConfig(temperature=temperature)
+    if sampling.repetition_penalty != 1.0 or sampling.presence_penalty or sampling.frequency_penalty:
+        raise ValueError("speculative decoding here supports temperature, top_k, top_p and min_p; "
+                         "repetition_penalty must be 1.0 and presence_penalty / frequency_penalty 0.0 "
+                         f"(got {sampling.repetition_penalty}, {sampling.presence_penalty}, "
+                         f"{sampling.frequency_penalty})")
+    return sampling
+
+
+def _check_gamma(gamma, name="gamma"):
+    if not isinstance(gamma, int) or isinstance(gamma, bool) or not 1 <= gamma <= 64:
+        raise ValueError(f"{name} must be an int in [1, 64]; got {gamma!r}")
+
+
+class _Buffer:
+    """Committed ids (and the current round's proposals after them) in one preallocated (1, S) tensor."""
+
+    def __init__(self, prompt: torch.Tensor, max_new_tokens: int, gamma: int):
+        T = prompt.shape[1]
+        self.ids = torch.empty(1, T + max_new_tokens + gamma + 1, dtype=torch.long, device=prompt.device)
+        self.ids[:, :T] = prompt
+        self.n = T  # committed length
+
+
+def _finish(buf: _Buffer, prompt_len: int, max_new_tokens: int, eos_id, stats: SpeculativeStats):
+    end = min(buf.n, prompt_len + max_new_tokens)
+    if eos_id is not None:
+        new = buf.ids[0, prompt_len:end].tolist()
+        if eos_id in new:
+            end = prompt_len + new.index(eos_id) + 1
+    stats.new_tokens = end - prompt_len
+    return buf.ids[:, :end].clone()
+
+
+def _check_common(target, prompt, max_new_tokens, gamma, sampling, temperature, name="gamma"):
+    prompt = as_prompt_tensor(prompt, target)
+    if prompt.shape[0] != 1:
+        raise ValueError(f"speculative decoding needs batch size 1; got prompt batch size {prompt.shape[0]}")
+    check_generation_length(prompt.shape[1], max_new_tokens, target.cfg.max_seq_len)
+    _check_gamma(gamma, name)
+    return prompt, _check_sampling(sampling, temperature)
+
+
+@torch.inference_mode()
+def speculative_generate(target, draft, prompt, max_new_tokens: int, *, gamma: int = DEFAULT_GAMMA,
+                         temperature: float = 0.0, sampling: SamplingConfig | None = None,
+                         generator: torch.Generator | None = None, eos_id: int | None = None,
+                         trace: bool = False) -> tuple[torch.Tensor, SpeculativeStats]:
+    """Generate max_new_tokens after `prompt` (batch size 1) with `draft` proposing `gamma` tokens per round.
+
+    Returns ((1, T + n_new) ids, SpeculativeStats). At temperature 0 the ids equal
+    `generate(target, prompt, max_new_tokens)`; otherwise each token has the target's distribution.
+    The two models must share the tokenizer (same vocab_size). trace=True records every round's
+    proposals in stats.trace (one extra device -> host read per round).
+    """
+    prompt, sampling = _check_common(target, prompt, max_new_tokens, gamma, sampling, temperature)
+    if draft.cfg.vocab_size != target.cfg.vocab_size:
+        raise ValueError(f"draft and target must share a vocabulary; vocab_size {draft.cfg.vocab_size} "
+                         f"!= {target.cfg.vocab_size}")
+    T = prompt.shape[1]
+    stats = SpeculativeStats(trace=[] if trace else None)
+    if max_new_tokens == 0:
+        return prompt.clone(), stats
+    buf = _Buffer(prompt, max_new_tokens, gamma)
+    S = min(T + max_new_tokens + gamma, target.cfg.max_seq_len)
+    t_cache = KVCache.for_model(target, 1, S)
+    d_cache = KVCache.for_model(draft, 1, min(S, draft.cfg.max_seq_len))
+    if T > 1:  # prefill everything but the last prompt token: the first round feeds it
+        target(prompt[:, :-1], cache=t_cache, last_only=True)
+        draft(prompt[:, :-1], cache=d_cache, last_only=True)
+    ids, greedy = buf.ids, sampling.greedy
+    end = T + max_new_tokens
+    p_draft = None if greedy else torch.empty(gamma, target.cfg.vocab_size, device=ids.device)  # (gamma, V)
+    while buf.n < end:
+        n = buf.n
+        g = min(gamma, end - n - 1)  # never propose past max_new_tokens (the last round may be shorter)
+        # 1. draft g tokens; the first step also feeds the committed tokens the draft has not seen (1 or 2)
+        d_start = d_cache.length
+        for i in range(g):
+            x = ids[:, d_start:n] if i == 0 else ids[:, n + i - 1:n + i]  # (1, 1 or 2)
+            logits = draft(x, cache=d_cache, last_only=True, check=False)[0, -1]  # (V,)
+            if greedy:
+                ids[0, n + i] = logits.argmax()
+            else:
+                p_draft[i] = probabilities(logits, sampling)
+                ids[0, n + i] = torch.multinomial(p_draft[i], 1, generator=generator)[0]
+        stats.draft_calls += g
+        # 2. the target scores the last committed token and the g proposals in one pass
+        logits = target(ids[:, n - 1:n + g], cache=t_cache, check=False)[0]  # (g + 1, V)
+        stats.target_calls += 1
+        # 3.-4. accept a prefix, then the residual or bonus token
+        proposals = ids[0, n:n + g]
+        if greedy:
+            n_acc, nxt = greedy_accept(logits.argmax(-1), proposals)
+        else:
+            n_acc, nxt = accept_or_resample(probabilities(logits, sampling), p_draft[:g], proposals, generator)
+        if trace:
+            stats.trace.append((proposals.tolist(), int(n_acc), int(nxt)))
+        ids[0, n + n_acc] = nxt  # overwrites the first rejected proposal, if any
+        k = int(n_acc)  # the round's one device -> host read
+        stats.proposed.append(g)
+        stats.accepted.append(k)
+        buf.n = n + k + 1
+        # 5. roll back: the target has seen everything but the new last token; the draft never saw
+        # the last proposal, so after a full acceptance it lags by one more (fed next round)
+        t_cache.truncate(n + k)
+        d_cache.truncate(min(n + k, d_cache.length))
+        if eos_id is not None and eos_id in ids[0, n:n + k + 1].tolist():
+            break
+    return _finish(buf, T, max_new_tokens, eos_id, stats), stats
+
+
+class NgramIndex:
+    """For each n-gram of the sequence so far, where its most recent occurrence ended, so that the
+    continuation after it can be proposed. Updated incrementally: O(max_ngram) dict writes per token."""
+
+    def __init__(self, max_ngram: int = DEFAULT_MAX_NGRAM, min_ngram: int = 1):
+        if not isinstance(max_ngram, int) or not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram; got min_ngram={min_ngram!r}, max_ngram={max_ngram!r}")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.tokens: list[int] = []
+        self.table: dict[tuple, int] = {}  # n-gram -> end position of its latest occurrence that has a successor
+
+    def extend(self, new_tokens: list[int]) -> None:
+        toks = self.tokens
+        start = len(toks)
+        toks.extend(new_tokens)
+        # index n-grams ending at e for every e that now has a successor token: e <= len - 1
+        for e in range(max(start, 1), len(toks)):
+            for n in range(self.min_ngram, min(self.max_ngram, e) + 1):
+                self.table[tuple(toks[e - n:e])] = e
+
+    def propose(self, k: int) -> list[int]:
+        """Up to k tokens that followed the most recent earlier occurrence of the longest matching suffix."""
+        toks = self.tokens
+        for n in range(min(self.max_ngram, len(toks)), self.min_ngram - 1, -1):
+            e = self.table.get(tuple(toks[-n:]))
+            if e is not None:
+                return toks[e:e + k]
+        return []
+
+
+@torch.inference_mode()
+def prompt_lookup_generate(target, prompt, max_new_tokens: int, *, gamma: int = DEFAULT_LOOKUP_GAMMA,
+                           max_ngram: int = DEFAULT_MAX_NGRAM, min_ngram: int = DEFAULT_MIN_NGRAM,
+                           temperature: float = 0.0, sampling: SamplingConfig | None = None,
+                           generator: torch.Generator | None = None,
+                           eos_id: int | None = None, trace: bool = False) -> tuple[torch.Tensor, SpeculativeStats]:
+    """Speculative decoding with prompt lookup as the drafter: no draft model.
+
+    Each round proposes up to `gamma` tokens: the continuation of the most recent earlier occurrence of
+    the last n tokens (n from max_ngram down to min_ngram), or nothing, in which case the round is a
+    plain decode step. The proposals are deterministic (p_draft one-hot), so `accept_or_resample`
+    keeps the output distribution exactly the target's; at temperature 0 the ids equal `generate`'s.
+    """
+    prompt, sampling = _check_common(target, prompt, max_new_tokens, gamma, sampling, temperature)
+    T = prompt.shape[1]
+    stats = SpeculativeStats(trace=[] if trace else None)
+    if max_new_tokens == 0:
+        return prompt.clone(), stats
+    buf = _Buffer(prompt, max_new_tokens, gamma)
+    t_cache = KVCache.for_model(target, 1, min(T + max_new_tokens + gamma, target.cfg.max_seq_len))
+    if T > 1:
+        target(prompt[:, :-1], cache=t_cache, last_only=True)
+    index = NgramIndex(max_ngram, min_ngram)
+    index.extend(prompt[0].tolist())
+    ids, greedy = buf.ids, sampling.greedy
+    end = T + max_new_tokens
+    while buf.n < end:
+        n = buf.n
+        proposal = index.propose(min(gamma, end - n - 1))
+        g = len(proposal)
+        if g:
+            ids[0, n:n + g] = torch.tensor(proposal, dtype=torch.long)
+        logits = target(ids[:, n - 1:n + g], cache=t_cache, check=False)[0]  # (g + 1, V)
+        stats.target_calls += 1
+        proposals = ids[0, n:n + g]
+        if greedy:
+            n_acc, nxt = greedy_accept(logits.argmax(-1), proposals)
+        else:
+            n_acc, nxt = accept_or_resample(probabilities(logits, sampling), None, proposals, generator)
+        k, nxt = torch.stack([n_acc, nxt]).tolist()  # the round's one device -> host read
+        if trace:
+            stats.trace.append((proposal, k, nxt))
+        ids[0, n + k] = nxt
+        stats.proposed.append(g)
+        stats.accepted.append(k)
+        buf.n = n + k + 1
+        t_cache.truncate(n + k)
+        index.extend(proposal[:k] + [nxt])
+        if eos_id is not None and eos_id in index.tokens[n:n + k + 1]:
+            break
+    return _finish(buf, T, max_new_tokens, eos_id, stats), stats
+
+
+# --- checking exactness: is a sample distributed as p_target? ---------------------------------------
+
+def total_variation(p: torch.Tensor, q: torch.Tensor) -> float:
+    """Half the L1 distance between two distributions over the same outcomes: the largest difference in
+    probability they give to any set of outcomes."""
+    return 0.5 * float((p.double() - q.double()).abs().sum())
+
+
+def chi_square_test(counts: torch.Tensor, probs: torch.Tensor, min_expected: float = 5.0) -> tuple[float, int, float]:
+    """Pearson's goodness-of-fit test of observed `counts` against `probs` (same outcomes, 1-D).
+
+    Outcomes whose expected count is below `min_expected` are pooled into one bin, so the chi-square
+    approximation holds. Returns (statistic, degrees of freedom, p-value); a tiny p-value says the
+    counts did not come from `probs`. The p-value is the chi-square survival function,
+    Q(dof/2, statistic/2) (the regularised upper incomplete gamma function).
+    """
+    counts, probs = counts.double().flatten(), probs.double().flatten()
+    if counts.shape != probs.shape:
+        raise ValueError(f"counts and probs must have the same number of outcomes; got {counts.numel()} "
+                         f"and {probs.numel()}")
+    n = counts.sum()
+    expected = n * probs / probs.sum()
+    if (counts[expected == 0] > 0).any():  # an impossible outcome happened: certainly not from probs
+        return float("inf"), int((expected > 0).sum()) - 1, 0.0
+    big = expected >= min_expected
+    obs, exp = counts[big], expected[big]
+    if (~big).any():  # pool the rare outcomes: into their own bin, or into the rarest kept bin if still too rare
+        rare_obs, rare_exp = counts[~big].sum(), expected[~big].sum()
+        if rare_exp >= min_expected or obs.numel() == 0:
+            obs, exp = torch.cat([obs, rare_obs.view(1)]), torch.cat([exp, rare_exp.view(1)])
+        else:
+            j = int(exp.argmin())
+            obs, exp = obs.clone(), exp.clone()
+            obs[j] += rare_obs
+            exp[j] += rare_exp
+    stat = float(((obs - exp) ** 2 / exp).sum())
+    dof = int(obs.numel()) - 1
+    if dof < 1:
+        raise ValueError("chi_square_test needs at least 2 outcomes with enough expected counts; "
+                         f"got {obs.numel()} (lower min_expected or draw more samples)")
+    p_value = float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
+                                            torch.tensor(stat / 2, dtype=torch.float64)))
+    return stat, dof, p_value

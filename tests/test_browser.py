@@ -1,0 +1,233 @@
+"""The sampling chapter in a real browser: JupyterLab + headless Chromium, sliders moved by keyboard.
+
+Starts JupyterLab on 127.0.0.1 (free port, random token, every Jupyter/IPython dir inside a temp dir)
+on a temp copy of notebooks/06_sampling.ipynb, opens it in Debian's chromium through playwright (the
+browser playwright would download is never used), runs all cells from the Run menu, moves the
+temperature and top-p sliders of the live panel, and checks that the distribution (the chart and its
+summary line) and the sampled text change. Saves a screenshot of the panel as
+figures/06_browser_sampling.png. Every request that is not to 127.0.0.1 is blocked.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOK = REPO / "notebooks" / "06_sampling.ipynb"
+SCREENSHOT = REPO / "figures" / "06_browser_sampling.png"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+RUN_ALL_TIMEOUT_S = 420  # the notebook takes well under a minute on a quiet machine; shared CI machines are not quiet
+
+pytestmark = pytest.mark.browser
+
+
+def chromium_or_skip() -> str:
+    path = shutil.which("chromium")
+    if path is None:
+        pytest.skip("chromium is not installed (CI installs it with `apt-get install -y chromium`)")
+    pytest.importorskip("playwright.sync_api", reason="the playwright Python package is not installed")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def api(base: str, token: str, path: str, method: str = "GET"):
+    req = urllib.request.Request(f"{base}{path}", method=method, headers={"Authorization": f"token {token}"})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        body = r.read()
+    return json.loads(body) if body else None
+
+
+def write_settings(root: Path) -> dict:
+    """Jupyter, JupyterLab and IPython dirs inside `root`, with settings that keep the page quiet."""
+    dirs = {name: root / name for name in ("config", "data", "runtime", "lab-settings", "lab-workspaces", "ipython")}
+    for d in dirs.values():
+        d.mkdir(parents=True)
+    settings = dirs["lab-settings"] / "@jupyterlab"
+    (settings / "apputils-extension").mkdir(parents=True)
+    (settings / "apputils-extension" / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False}))  # no news pop-up over the page
+    (settings / "notebook-extension").mkdir(parents=True)
+    (settings / "notebook-extension" / "tracker.jupyterlab-settings").write_text(
+        json.dumps({"windowingMode": "none"}))  # every cell stays in the DOM
+    # the kernel saves its figures into the temp dir, not into the repository's figures/
+    startup = dirs["ipython"] / "profile_default" / "startup"
+    startup.mkdir(parents=True)
+    figures = str(root / "figures")
+    (startup / "00-figures-to-tmp.py").write_text(
+        f"import helpers.plotting\nfrom pathlib import Path\nhelpers.plotting.FIGURES = Path({figures!r})\n")
+    return dirs
+
+
+@pytest.fixture
+def jupyterlab(tmp_path):
+    """A JupyterLab server on a copy of the notebook; yields (base_url, token); stops only this server."""
+    work = tmp_path / "notebooks"
+    work.mkdir()
+    shutil.copy(NOTEBOOK, work / NOTEBOOK.name)  # JupyterLab autosaves into what it opens
+    dirs = write_settings(tmp_path)
+    port, token = free_port(), secrets.token_hex(16)
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(dirs["config"]), JUPYTER_DATA_DIR=str(dirs["data"]),
+               JUPYTER_RUNTIME_DIR=str(dirs["runtime"]), JUPYTERLAB_SETTINGS_DIR=str(dirs["lab-settings"]),
+               JUPYTERLAB_WORKSPACES_DIR=str(dirs["lab-workspaces"]), IPYTHONDIR=str(dirs["ipython"]),
+               JUPYTER_PLATFORM_DIRS="1", PYTHONHASHSEED="0",
+               OMP_NUM_THREADS="1")  # one thread: as fast for this small model, and robust on a busy machine
+    log = open(tmp_path / "jupyterlab.log", "w")
+    cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+           "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work}",
+           "--allow-root", "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    server = subprocess.Popen(cmd, env=env, cwd=work, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if server.poll() is not None:
+                raise RuntimeError(f"JupyterLab exited with {server.returncode}; see {tmp_path / 'jupyterlab.log'}")
+            try:
+                api(base, token, "/api/status")
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.3)
+        yield base, token
+    finally:
+        try:
+            api(base, token, "/api/shutdown", method="POST")  # also shuts down its kernels
+            server.wait(timeout=15)
+        except Exception:
+            if server.poll() is None:
+                os.killpg(server.pid, signal.SIGTERM)  # the process group of this server only
+                try:
+                    server.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    os.killpg(server.pid, signal.SIGKILL)
+        log.close()
+
+
+def wait_for_idle_kernel(page, base, token, timeout=120):
+    """The toolbar reads "idle" before a kernel exists, so ask the server: a session with an idle kernel.
+
+    Waits with page.wait_for_timeout, never time.sleep: the sync API runs the route handler (and so lets
+    the page's requests through) only while a playwright call is in progress."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        sessions = [s for s in api(base, token, "/api/sessions")
+                    if NOTEBOOK.name in (s.get("name"), Path(s["path"]).name)]  # JupyterLab 4: path may be an id
+        if sessions and sessions[0]["kernel"]["execution_state"] == "idle":
+            return
+        page.wait_for_timeout(500)
+    raise TimeoutError("no idle kernel for the notebook")
+
+
+def prompts(page) -> list[str]:
+    return page.locator(".jp-Notebook .jp-CodeCell .jp-InputArea-prompt").all_inner_texts()
+
+
+def run_all_cells(page):
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+    deadline = time.monotonic() + RUN_ALL_TIMEOUT_S
+    while time.monotonic() < deadline:
+        texts = [t.strip() for t in prompts(page)]
+        if texts and all(re.fullmatch(r"\[\d+\]:", t) for t in texts):
+            return len(texts)
+        page.wait_for_timeout(1000)
+    raise TimeoutError(f"cells still running or unrun after {RUN_ALL_TIMEOUT_S} s: {prompts(page)}")
+
+
+def panel_state(output) -> tuple[str, str]:
+    """(the panel's printed text, the src of its chart image)."""
+    return output.inner_text(), output.locator("img").first.get_attribute("src")
+
+
+def move_slider(page, panel, index: int, key: str, presses: int, expect: str, before: tuple[str, str]):
+    handle = panel.locator(".noUi-handle[role='slider']").nth(index)
+    handle.focus()
+    for _ in range(presses):
+        handle.press(key)
+    output = panel.locator(".widget-output")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # the summary line names the new setting once the redraw is done
+        text = output.inner_text()
+        if expect in text and output.locator("img").count() == 1:
+            state = panel_state(output)
+            if state != before:
+                return state
+        page.wait_for_timeout(300)
+    raise TimeoutError(f"the panel never showed {expect!r}; it shows {output.inner_text()[:300]!r}")
+
+
+def kept_line(text: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith("kept "))
+
+
+def continuation(text: str) -> str:
+    return text.split("sampled continuation:", 1)[1]
+
+
+def test_sampling_panel_in_jupyterlab(jupyterlab):
+    chromium = chromium_or_skip()
+    from playwright.sync_api import sync_playwright
+
+    base, token = jupyterlab
+    blocked = []
+
+    def only_localhost(route):
+        if urlparse(route.request.url).hostname == "127.0.0.1":
+            route.continue_()
+        else:
+            blocked.append(route.request.url)
+            route.abort()
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS, headless=True)
+        try:
+            context = browser.new_context(viewport={"width": 1400, "height": 1000})
+            context.route("**/*", only_localhost)
+            page = context.new_page()
+            page.goto(f"{base}/lab/tree/{NOTEBOOK.name}?token={token}")
+            page.locator(".jp-Notebook .jp-CodeCell").first.wait_for(timeout=120_000)
+            wait_for_idle_kernel(page, base, token)
+            n_cells = run_all_cells(page)
+            assert n_cells > 20
+            errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.error']")
+            assert errors.count() == 0, errors.first.inner_text()
+
+            panel = page.locator(".widget-interact")
+            assert panel.count() == 1
+            panel.scroll_into_view_if_needed()
+            output = panel.locator(".widget-output")
+            output.locator("img").first.wait_for(timeout=60_000)
+            start = panel_state(output)
+            assert "temperature=0.80  top_p=0.90" in start[0]
+
+            # temperature 0.80 -> 1.20 (step 0.05), then top-p 0.90 -> 0.50
+            hot = move_slider(page, panel, 0, "ArrowRight", 8, "temperature=1.20  top_p=0.90", start)
+            assert hot[1] != start[1]  # the chart was redrawn
+            assert kept_line(hot[0]) != kept_line(start[0])  # the kept set and its probabilities changed
+            cut = move_slider(page, panel, 1, "ArrowLeft", 8, "temperature=1.20  top_p=0.50", hot)
+            assert cut[1] != hot[1]
+            assert kept_line(cut[0]) != kept_line(hot[0])
+            assert continuation(cut[0]) != continuation(start[0])  # and a different text was sampled
+            panel.screenshot(path=str(SCREENSHOT))
+        finally:
+            browser.close()

@@ -1,0 +1,104 @@
+"""The rolling KV cache against the naive path: the model without a cache and a banded mask (attn_window)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import random_model
+
+from helpers.generate import generate
+from helpers.kv_cache import KVCache
+from helpers.model import ModelConfig
+from helpers.sliding_window import RollingKVCache, generate_sliding_window
+
+CONFIGS = {name: ModelConfig.from_preset("tiny", n_kv_heads=h, max_seq_len=256)
+           for name, h in [("mha", 4), ("gqa", 2), ("mqa", 1)]}
+TOL = 1e-5  # fp32: the same math as the masked full-sequence pass, in a different order
+
+
+def ids(n, seed=0, vocab=256):
+    return torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("window", [1, 7, 16])
+def test_token_by_token_matches_the_windowed_mask(name, window):
+    model = random_model(CONFIGS[name], seed=1)
+    seq = ids(70)
+    with torch.no_grad():
+        reference = model(seq, attn_window=window)  # (1, 70, V): banded mask, no cache
+        cache = RollingKVCache.for_model(model, window)
+        steps = [model(seq[:, t:t + 1], cache=cache, attn_window=window)[:, -1] for t in range(70)]
+    assert cache.length == 70
+    assert torch.allclose(torch.stack(steps, 1), reference, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("chunks", [[40, 7, 7, 16], [5, 30, 1, 1, 33], [70]])
+def test_chunks_longer_and_shorter_than_the_window_match(chunks):
+    model, window = random_model(CONFIGS["gqa"], seed=2), 16
+    seq = ids(sum(chunks), seed=1)
+    with torch.no_grad():
+        reference = model(seq, attn_window=window)
+        cache, outs, pos = RollingKVCache.for_model(model, window), [], 0
+        for n in chunks:
+            outs.append(model(seq[:, pos:pos + n], cache=cache, attn_window=window))
+            pos += n
+    assert torch.allclose(torch.cat(outs, 1), reference, atol=TOL, rtol=0)
+
+
+def test_ring_holds_the_last_window_positions():
+    model, window = random_model(CONFIGS["gqa"], seed=3), 16
+    seq = ids(53, seed=2)
+    full, ring = KVCache.for_model(model), RollingKVCache.for_model(model, window)
+    with torch.no_grad():
+        model(seq, cache=full, attn_window=window)  # the same windowed attention, every position kept
+        model(seq[:, :20], cache=ring, attn_window=window)
+        for t in range(20, 53):
+            model(seq[:, t:t + 1], cache=ring, attn_window=window)
+    for p in range(53 - window, 53):
+        assert torch.allclose(ring.k[:, :, :, p % window], full.k[:, :, :, p], atol=TOL, rtol=0)
+        assert torch.allclose(ring.v[:, :, :, p % window], full.v[:, :, :, p], atol=TOL, rtol=0)
+
+
+def test_memory_is_fixed_by_the_window():
+    cfg = CONFIGS["gqa"]
+    model = random_model(cfg, seed=4)
+    cache = RollingKVCache.for_model(model, 32, batch_size=3)
+    expected = 2 * cfg.n_layers * 3 * cfg.n_kv_heads * 32 * cfg.head_dim * 4
+    assert cache.nbytes == expected
+    with torch.no_grad():
+        model(ids(3 * 100).view(3, 100), cache=cache, attn_window=32)
+    assert cache.nbytes == expected and cache.length == 100
+
+
+def test_generate_matches_the_naive_windowed_loop():
+    model, window = random_model(CONFIGS["gqa"], seed=5), 12
+    prompt = ids(20, seed=3)
+    out = generate_sliding_window(model, prompt, 40, window=window)
+    seq = prompt
+    with torch.no_grad():
+        for _ in range(40):
+            nxt = model(seq, attn_window=window)[:, -1].argmax(-1, keepdim=True)
+            seq = torch.cat([seq, nxt], 1)
+    assert torch.equal(out, seq)
+
+
+def test_a_window_as_long_as_the_sequence_is_ordinary_generation():
+    model = random_model(CONFIGS["mqa"], seed=6)
+    prompt = ids(10, seed=4)
+    assert torch.equal(generate_sliding_window(model, prompt, 50, window=60), generate(model, prompt, 50))
+
+
+@pytest.mark.parametrize("bad", [0, -3, 257, 2.0, True])
+def test_bad_window(bad):
+    model = random_model(CONFIGS["gqa"], seed=7)
+    with pytest.raises(ValueError, match=r"window must be an int in \[1, 256\]"):
+        RollingKVCache.for_model(model, bad)
+
+
+def test_rolling_cache_only_appends():
+    model = random_model(CONFIGS["gqa"], seed=8)
+    cache = RollingKVCache.for_model(model, 8)
+    with torch.no_grad():
+        model(ids(10), cache=cache, attn_window=8)
+        with pytest.raises(ValueError, match="only appends: start_pos must be 10"):
+            model(ids(1), cache=cache, start_pos=4, attn_window=8)
