@@ -5,19 +5,31 @@
     ids = generate(model, tok.encode("def fib(n):", bos=True), max_new_tokens=64)
     print(tok.decode(ids[0]))
 
-Modules, one job each:
-    model.py        the transformer (config presets, RMSNorm, RoPE, GQA attention, SwiGLU)
-    kv_cache.py     preallocated key/value buffers written by position
-    generate.py     prefill / decode_one_token / generate, and generate_without_cache
-    sampling.py     logits -> token: temperature, top-k, top-p, min-p, penalties
-    tokenizer.py    byte-level BPE, byte-exact round trips
-    checkpoint.py   load_model(): verified safetensors checkpoints
-    data.py         the corpus (the Python standard library's source)
-    evaluate.py     bits per byte on held-out text
-    train.py        the training script (python -m helpers.train)
-    flops.py        parameter, FLOP and byte counts from a config
-    device.py       device choice and honest timing
-    hf.py           conversion to HuggingFace LlamaForCausalLM (a test oracle)
+Modules, one job each (chapter in brackets):
+    model.py           the transformer: config presets, RMSNorm, RoPE, GQA attention, SwiGLU   [00-02]
+    tokenizer.py       byte-level BPE with byte-exact round trips                               [00]
+    checkpoint.py      load_model(): verified safetensors checkpoints                           [00]
+    data.py            the corpus: the Python standard library's own source                    [00, 01]
+    train.py           training (python -m helpers.train) and short in-notebook runs           [01, 02]
+    evaluate.py        bits per byte on held-out text                                           [01]
+    attention_maps.py  attention weights recomputed from a layer's own weights                  [02]
+    generate.py        prefill / decode_one_token / generate, and generate_without_cache       [03]
+    stopping.py        stop conditions: loops, stop strings                                     [03]
+    kv_cache.py        preallocated key/value buffers written by position                       [04]
+    sliding_window.py  a rolling KV cache for sliding-window attention                          [04]
+    paged_kv.py        contiguous vs paged KV allocation, simulated                             [04]
+    flops.py           parameter, FLOP and byte counts from a config                            [05]
+    roofline.py        measured peak FLOP/s and memory bandwidth                                [05]
+    sampling.py        logits -> token: temperature, top-k, top-p, min-p, penalties            [06]
+    widgets.py         the sampling panel (sliders over the real model)                         [06]
+    quantize.py        int8 / int4 by hand, and linear layers on torch's real kernels           [07]
+    speculative.py     speculative sampling with a draft model or prompt lookup                 [08]
+    fast_decode.py     a compiled, static-shape decode step (CUDA graphs on a GPU)              [bench]
+    bench.py           python -m helpers.bench: every speed claim as a measured ratio           [bench]
+    device.py          device choice and honest timing
+    notebook.py        the first cell of every notebook
+    plotting.py        one figure style, saved to figures/
+    hf.py              conversion to HuggingFace LlamaForCausalLM (a test oracle)
 """
 from .checkpoint import load_model, load_tokenizer
 from .device import default_device

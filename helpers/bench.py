@@ -159,53 +159,139 @@ def row_vs_transformers(model, tok, n_new: int, repeats: int, fast, progress) ->
     return rows
 
 
-def measure_copy_bandwidth(device, nbytes: int = 256 * 2**20, repeats: int = 7) -> float:
-    """Bytes moved per second by a large tensor copy (read + write both counted)."""
-    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).normal_()
-    dst = torch.empty_like(src)
-    times = [_timed(lambda: dst.copy_(src), device) for _ in range(repeats)]
-    return 2 * nbytes / statistics.median(times)
-
-
 @torch.no_grad()
-def row_decode_bandwidth(device, dtype, repeats: int, progress, preset: str = "bench-150m") -> Row:
+def decode_step_seconds(model, n_steps: int = 16, context: int = 16, seed: int = 0) -> float:
+    """Median seconds of one batch-1 greedy decode step after a `context`-token random prompt."""
+    from .generate import decode_one_token, prefill
+    from .kv_cache import KVCache
+
+    device = model.device
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, model.cfg.vocab_size, (1, context), generator=g).to(device)
+    cache = KVCache.for_model(model, max_seq_len=context + n_steps + 1)
+    logits = prefill(model, prompt, cache)
+    times = []
+    for _ in range(n_steps):
+        tok = logits.argmax(-1, keepdim=True)
+        synchronize(device)
+        t0 = time.perf_counter()
+        logits = decode_one_token(model, tok, cache)
+        synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def random_model(preset: str, device, dtype):
+    from .model import ModelConfig, Transformer
+
+    torch.manual_seed(0)
+    return Transformer(ModelConfig.from_preset(preset)).to(device=device, dtype=dtype).eval()
+
+
+def row_decode_bandwidth(model, repeats: int, progress) -> Row:
     """Batch-1 decode on a random-weight model too big for any cache: bytes it must read per token
     (all matmul weights + the KV cache so far) / time per token, against measured copy bandwidth."""
     from .flops import matmul_parameters
-    from .generate import decode_one_token, prefill
-    from .kv_cache import KVCache
-    from .model import ModelConfig, Transformer
+    from .roofline import measure_copy_bandwidth
 
-    cfg = ModelConfig.from_preset(preset)
-    torch.manual_seed(0)
-    model = Transformer(cfg).to(device=device, dtype=dtype).eval()
-    cache = KVCache.for_model(model, max_seq_len=256)
-    elem = torch.empty((), dtype=dtype).element_size()
-    prompt = torch.randint(0, cfg.vocab_size, (1, 16), device=device)
-    n_steps = 16
+    cfg, device = model.cfg, model.device
+    elem = model.embed.weight.element_size()
+    n_steps, context = 16, 16
     bw_runs, step_runs = [], []
     for _ in range(repeats):
-        bw_runs.append(measure_copy_bandwidth(device))
-        logits = prefill(model, prompt, cache)
-        times = []
-        for _ in range(n_steps):
-            tok = logits.argmax(-1, keepdim=True)
-            synchronize(device)
-            t0 = time.perf_counter()
-            logits = decode_one_token(model, tok, cache)
-            synchronize(device)
-            times.append(time.perf_counter() - t0)
-        step_runs.append(statistics.median(times))
+        bw_runs.append(measure_copy_bandwidth(device).per_second)
+        step_runs.append(decode_step_seconds(model, n_steps, context))
         progress()
-    avg_pos = 16 + n_steps / 2
+    avg_pos = context + n_steps / 2
     kv_read = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * avg_pos * elem
     bytes_per_token = matmul_parameters(cfg) * elem + kv_read
     achieved = [bytes_per_token / s for s in step_runs]
-    fractions = [a / b for a, b in zip(achieved, bw_runs)]
-    return Row(f"decode bandwidth, {preset} ({matmul_parameters(cfg) / 1e6:.0f}M)", "copy bandwidth", "decode",
-               fractions, f"{statistics.median(bw_runs) / 1e9:.1f} GB/s copy",
-               f"{statistics.median(achieved) / 1e9:.1f} GB/s decode", target=0.6,
-               note=f"{bytes_per_token / 1e6:.0f} MB read per token, {statistics.median(step_runs) * 1e3:.1f} ms/token")
+    return Row(f"decode bandwidth, {matmul_parameters(cfg) / 1e6:.0f}M random weights", "copy bandwidth",
+               "decode", [a / b for a, b in zip(achieved, bw_runs)],
+               f"{statistics.median(bw_runs) / 1e9:.1f} GB/s copy",
+               f"{statistics.median(achieved) / 1e9:.1f} GB/s decode",
+               target=0.6, note=f"{bytes_per_token / 1e6:.0f} MB read per token, "
+                                f"{statistics.median(step_runs) * 1e3:.1f} ms/token (ratio, not speedup)")
+
+
+def rows_quantized(model, repeats: int, progress) -> list[Row]:
+    """Weight-only int8 / int4 with torch's real kernels against the same model unquantized."""
+    from .quantize import quantize_model
+
+    variants = [("int8 weight-only", "int8", "auto", 2.0), ("int4 weight-only, group 64", "int4", "auto", 3.0)]
+    if model.device.type == "cpu":
+        variants.insert(1, ("int8 dynamic (activations too)", "int8", "dynamic", None))
+    base_name = "fp32" if model.dtype == torch.float32 else str(model.dtype).replace("torch.", "")
+    rows = []
+    for label, method, kernel, target in variants:
+        qmodel = quantize_model(model, method, group_size=64, kernel=kernel)
+        tb, tc = [], []
+        for _ in range(repeats):
+            tb.append(decode_step_seconds(model))
+            tc.append(decode_step_seconds(qmodel))
+        progress()
+        rows.append(Row(f"{label} vs {base_name}, batch-1 decode", base_name, label, _ratios(tb, tc),
+                        f"{1 / statistics.median(tb):.1f} tok/s", f"{1 / statistics.median(tc):.1f} tok/s",
+                        target=target, note=f"{model.num_parameters() / 1e6:.0f}M random weights"))
+        del qmodel
+    return rows
+
+
+def quantized_quality(model, tok, n_windows: int = 8) -> str:
+    """Validation bits/byte and top-1 agreement of the course model's int8 / int4 copies."""
+    from .data import encode_documents, validation_documents
+    from .evaluate import bits_per_byte
+    from .quantize import quantize_model
+
+    ids = encode_documents(tok, validation_documents())
+    ref = bits_per_byte(model, tok, ids, max_windows=n_windows)["bits_per_byte"]
+    x = torch.tensor(ids[:513].astype("int64"), device=model.device).unsqueeze(0)
+    with torch.no_grad():
+        top_ref = model(x[:, :-1]).argmax(-1)
+    parts = [f"course model: {ref:.4f} bits/byte"]
+    for method in ("int8", "int4"):
+        q = quantize_model(model, method, group_size=64)
+        bpb = bits_per_byte(q, tok, ids, max_windows=n_windows)["bits_per_byte"]
+        with torch.no_grad():
+            agree = (q(x[:, :-1]).argmax(-1) == top_ref).float().mean().item()
+        parts.append(f"{method} {bpb - ref:+.4f} bits/byte, top-1 agreement {agree:.1%}")
+    return "; ".join(parts)
+
+
+def rows_speculative(target, draft, tok, n_new: int, repeats: int, progress) -> list[Row]:
+    """Speculative decoding (shipped draft; prompt lookup) against plain cached decoding, on code prompts."""
+    from .data import validation_documents
+    from .generate import generate
+    from .speculative import prompt_lookup_generate, speculative_generate
+
+    docs = validation_documents()
+    prompts = [tok.encode(docs[i][:400], bos=True)[:64] for i in (3, 11, 19)]  # three held-out files
+    rows = []
+    for label, temperature, fn, target_ratio in [
+        ("speculative, draft model, greedy", 0.0,
+         lambda p, g: speculative_generate(target, draft, p, n_new)[0], 2.0),
+        ("speculative, draft model, T=1", 1.0,
+         lambda p, g: speculative_generate(target, draft, p, n_new, temperature=1.0, generator=g)[0], 1.3),
+        ("speculative, prompt lookup, greedy", 0.0, lambda p, g: prompt_lookup_generate(target, p, n_new)[0], None),
+    ]:
+        tb, tc, same = [], [], True
+        for r in range(repeats):
+            for p in prompts:
+                gb, gc = torch.Generator().manual_seed(r), torch.Generator().manual_seed(r)
+                out_b = {}
+                tb.append(_timed(lambda: out_b.setdefault("x", generate(target, p, n_new, temperature=temperature,
+                                                                         generator=gb)), target.device))
+                out_c = {}
+                tc.append(_timed(lambda: out_c.setdefault("x", fn(p, gc)), target.device))
+                if temperature == 0:
+                    same &= torch.equal(out_b["x"], out_c["x"])
+        progress()
+        pairs = [sum(tb[i:i + len(prompts)]) / sum(tc[i:i + len(prompts)]) for i in range(0, len(tb), len(prompts))]
+        rows.append(Row(label + " vs plain", "plain cached", "speculative", pairs,
+                        f"{n_new * len(tb) / sum(tb):.0f} tok/s", f"{n_new * len(tc) / sum(tc):.0f} tok/s",
+                        target=target_ratio, same_output=same if temperature == 0 else None,
+                        note=("" if temperature == 0 else "distribution: tests/test_speculative.py")))
+    return rows
 
 
 # ---- report -----------------------------------------------------------------------------------
@@ -251,6 +337,7 @@ def main(argv=None):
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows")
+    ap.add_argument("--big-preset", default="bench-150m", help="random-weight config for the memory-bound rows")
     args = ap.parse_args(argv)
     from tqdm.auto import tqdm
 
@@ -265,10 +352,14 @@ def main(argv=None):
     quick = args.quick
     repeats = 3 if quick else 5
     n_cache = 256 if quick else 1024
-    model, tok = load_model("target", device=device, dtype=dtype)
-
     cache_repeats = 1 if quick else 3
-    steps = (0 if args.no_compile else 1) + cache_repeats + (1 if args.no_compile else 2) + repeats
+    n_spec = 64 if quick else 128
+    model, tok = load_model("target", device=device, dtype=dtype)
+    draft, _ = load_model("draft", device=device, dtype=dtype)
+    big = random_model(args.big_preset, device, dtype)
+
+    n_quant = 3 if device.type == "cpu" else 2
+    steps = (0 if args.no_compile else 1) + cache_repeats + (1 if args.no_compile else 2) + 3 + n_quant + repeats
     bar = tqdm(total=steps, desc="bench", unit="run")
     fast = None
     compile_note = "compile skipped"
@@ -281,18 +372,23 @@ def main(argv=None):
     row, curves = row_cache_vs_recompute(model, tok, n_cache, cache_repeats, lambda: bar.update(1))
     rows.append(row)
     rows += row_vs_transformers(model, tok, 256 if not quick else 128, repeats, fast, lambda: bar.update(1))
-    rows.append(row_decode_bandwidth(device, dtype, repeats, lambda: bar.update(1)))
+    rows += rows_speculative(model, draft, tok, n_spec, 2 if quick else 3, lambda: bar.update(1))
+    rows += rows_quantized(big, 3 if quick else 5, lambda: bar.update(1))
+    rows.append(row_decode_bandwidth(big, repeats, lambda: bar.update(1)))
     bar.close()
+    quality = quantized_quality(model, tok, n_windows=4 if quick else 12)
 
     print(f"\nhelpers.bench on {name}, torch {torch.__version__}, dtype {dtype}, {compile_note}"
           f"{' (quick)' if quick else ''}")
     print(f"{'row':38s} {'ratio':>7s} {'[min-max]':11s} {'baseline':>16s} -> {'candidate':<16s} target")
     for r in rows:
         print(r.line())
+    print(f"quantization quality, {quality}")
     FIGURES.mkdir(exist_ok=True)
     plot(rows, curves, name)
     results = {"device": name, "torch": torch.__version__, "dtype": str(dtype), "quick": quick,
-               "compile": compile_note, "rows": [asdict(r) | {"median": r.median} for r in rows]}
+               "compile": compile_note, "quantization_quality": quality,
+               "rows": [asdict(r) | {"median": r.median} for r in rows]}
     (FIGURES / "bench_results.json").write_text(json.dumps(results, indent=1) + "\n")
     print(f"wrote {FIGURES / 'bench_summary.png'}, bench_cache_latency.png, bench_results.json")
 
