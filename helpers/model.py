@@ -72,7 +72,7 @@ PRESETS: dict[str, dict] = {
     # tiny configs for tests and in-notebook training
     "tiny": dict(vocab_size=256, max_seq_len=128, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_ff=128),
     # a random-weight config large enough that batch-1 decode is memory-bound on a CPU
-    "bench-150m": dict(n_layers=12, d_model=1024, n_heads=16, n_kv_heads=4, d_ff=2816),
+    "bench-150m": dict(n_layers=13, d_model=1024, n_heads=16, n_kv_heads=4, d_ff=2816),
     # Llama-3-8B's shape, for FLOP and memory accounting (build it on the meta device)
     "llama3-8b": dict(vocab_size=128256, max_seq_len=8192, n_layers=32, d_model=4096, n_heads=32,
                       n_kv_heads=8, d_ff=14336, rope_theta=500000.0),
