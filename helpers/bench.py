@@ -277,9 +277,10 @@ def rows_speculative(target, draft, tok, n_new: int, repeats: int, progress) -> 
         stats[key] = stats.get(key, SpeculativeStats()).merge(st)
         return out
 
+    # each fn runs inside its own iteration, so `label` inside it is that row's label
     for label, temperature, fn, target_ratio in [
-        ("speculative, draft model, greedy", 0.0, lambda p, g: spec("greedy", p), 2.0),
-        ("speculative, draft model, T=1", 1.0, lambda p, g: spec("T=1", p, temperature=1.0, generator=g), 1.3),
+        ("speculative, draft model, greedy", 0.0, lambda p, g: spec(label, p), 2.0),
+        ("speculative, draft model, T=1", 1.0, lambda p, g: spec(label, p, temperature=1.0, generator=g), 1.3),
         ("speculative, prompt lookup, greedy", 0.0, lambda p, g: prompt_lookup_generate(target, p, n_new)[0], None),
     ]:
         tb, tc, same = [], [], True
@@ -295,10 +296,9 @@ def rows_speculative(target, draft, tok, n_new: int, repeats: int, progress) -> 
                     same &= torch.equal(out_b["x"], out_c["x"])
         progress()
         pairs = [sum(tb[i:i + len(prompts)]) / sum(tc[i:i + len(prompts)]) for i in range(0, len(tb), len(prompts))]
-        key = label.rsplit(", ", 1)[-1] if "draft model" in label else None
         note = "" if temperature == 0 else "distribution: tests/test_speculative.py"
-        if key in stats:
-            st = stats[key]
+        if label in stats:  # draft-model rows: how often the draft was right
+            st = stats[label]
             note = f"alpha {st.acceptance_rate:.2f}, {st.tokens_per_target_call:.2f} tokens/target call " + note
         rows.append(Row(label + " vs plain", "plain cached", "speculative", pairs,
                         f"{n_new * len(tb) / sum(tb):.0f} tok/s", f"{n_new * len(tc) / sum(tc):.0f} tok/s",

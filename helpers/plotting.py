@@ -11,11 +11,14 @@ Out of scope: interactive plots (see widgets.py).
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import matplotlib
 
-FIGURES = Path(__file__).resolve().parent.parent / "figures"
+# LLM_COURSE_FIGURES redirects the figures (the test suite sends them to a temp folder, so running the
+# tests never rewrites the committed ones; scripts/run_notebooks.py regenerates those)
+FIGURES = Path(os.environ.get("LLM_COURSE_FIGURES") or Path(__file__).resolve().parent.parent / "figures")
 
 
 def use_course_style() -> None:
@@ -32,7 +35,7 @@ def save_figure(fig, name: str, show: bool = True) -> None:
     """Save `fig` as figures/<name>.png (deterministic bytes) and display it inline."""
     import matplotlib.pyplot as plt
 
-    FIGURES.mkdir(exist_ok=True)
+    FIGURES.mkdir(parents=True, exist_ok=True)
     path = FIGURES / f"{name}.png"
     fig.savefig(path, bbox_inches="tight", metadata={"Software": None})
     if show:

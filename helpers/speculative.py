@@ -169,6 +169,17 @@ def greedy_accept(target_argmax: torch.Tensor, draft_tokens: torch.Tensor) -> tu
     return n_accepted, target_argmax.gather(-1, n_accepted.unsqueeze(-1)).squeeze(-1)
 
 
+def _verify(target, ids, n: int, g: int, t_cache, sampling: SamplingConfig, p_draft, generator):
+    """One target pass over the last committed token (position n - 1) and the g proposals at n..n+g-1,
+    then the acceptance rule. p_draft (g, V) or None (a deterministic proposer, e.g. prompt lookup).
+    Returns (number accepted, next token), both 0-d tensors on the model's device."""
+    logits = target(ids[:, n - 1:n + g], cache=t_cache, check=False)[0]  # (g + 1, V)
+    proposals = ids[0, n:n + g]  # (g,)
+    if sampling.greedy:
+        return greedy_accept(logits.argmax(-1), proposals)
+    return accept_or_resample(probabilities(logits, sampling), p_draft, proposals, generator)
+
+
 def _check_sampling(sampling: SamplingConfig | None, temperature: float) -> SamplingConfig:
     if sampling is None:
         sampling = SamplingConfig(temperature=temperature)
@@ -258,17 +269,11 @@ def speculative_generate(target, draft, prompt, max_new_tokens: int, *, gamma: i
                 p_draft[i] = probabilities(logits, sampling)
                 ids[0, n + i] = torch.multinomial(p_draft[i], 1, generator=generator)[0]
         stats.draft_calls += g
-        # 2. the target scores the last committed token and the g proposals in one pass
-        logits = target(ids[:, n - 1:n + g], cache=t_cache, check=False)[0]  # (g + 1, V)
+        # 2.-4. the target scores them in one pass; accept a prefix, then the residual or bonus token
+        n_acc, nxt = _verify(target, ids, n, g, t_cache, sampling, None if greedy else p_draft[:g], generator)
         stats.target_calls += 1
-        # 3.-4. accept a prefix, then the residual or bonus token
-        proposals = ids[0, n:n + g]
-        if greedy:
-            n_acc, nxt = greedy_accept(logits.argmax(-1), proposals)
-        else:
-            n_acc, nxt = accept_or_resample(probabilities(logits, sampling), p_draft[:g], proposals, generator)
         if trace:
-            stats.trace.append((proposals.tolist(), int(n_acc), int(nxt)))
+            stats.trace.append((ids[0, n:n + g].tolist(), int(n_acc), int(nxt)))
         ids[0, n + n_acc] = nxt  # overwrites the first rejected proposal, if any
         k = int(n_acc)  # the round's one device -> host read
         stats.proposed.append(g)
@@ -337,7 +342,7 @@ def prompt_lookup_generate(target, prompt, max_new_tokens: int, *, gamma: int = 
         target(prompt[:, :-1], cache=t_cache, last_only=True)
     index = NgramIndex(max_ngram, min_ngram)
     index.extend(prompt[0].tolist())
-    ids, greedy = buf.ids, sampling.greedy
+    ids = buf.ids
     end = T + max_new_tokens
     while buf.n < end:
         n = buf.n
@@ -345,13 +350,8 @@ def prompt_lookup_generate(target, prompt, max_new_tokens: int, *, gamma: int = 
         g = len(proposal)
         if g:
             ids[0, n:n + g] = torch.tensor(proposal, dtype=torch.long)
-        logits = target(ids[:, n - 1:n + g], cache=t_cache, check=False)[0]  # (g + 1, V)
+        n_acc, nxt = _verify(target, ids, n, g, t_cache, sampling, None, generator)
         stats.target_calls += 1
-        proposals = ids[0, n:n + g]
-        if greedy:
-            n_acc, nxt = greedy_accept(logits.argmax(-1), proposals)
-        else:
-            n_acc, nxt = accept_or_resample(probabilities(logits, sampling), None, proposals, generator)
         k, nxt = torch.stack([n_acc, nxt]).tolist()  # the round's one device -> host read
         if trace:
             stats.trace.append((proposal, k, nxt))

@@ -41,7 +41,8 @@ def clean(nb) -> None:
 def run(path: Path, timeout: int = 900) -> float:
     nb = nbformat.read(path, as_version=4)
     env_overrides = {"PYTHONHASHSEED": "0", "CUDA_VISIBLE_DEVICES": "", "LLM_COURSE_DEVICE": "cpu",
-                     "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_CACHE_DIR": str(REPO / ".cache" / "inductor")}
+                     "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_CACHE_DIR": str(REPO / ".cache" / "inductor"),
+                     "LLM_COURSE_FIGURES": str(REPO / "figures")}  # the committed figures, whatever the caller set
     old = {k: os.environ.get(k) for k in env_overrides}
     os.environ.update(env_overrides)
     try:

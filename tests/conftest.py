@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,9 @@ os.environ.setdefault("PYTHONHASHSEED", "0")
 # more threads (they only fight over the cores); notebook kernels inherit this too
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
+# figures the notebooks save during the tests go to a temp folder, not over the committed ones
+# (notebook kernels and the browser test's JupyterLab inherit this)
+os.environ.setdefault("LLM_COURSE_FIGURES", tempfile.mkdtemp(prefix="course-figures-"))
 # keep torch.compile's cache out of the system temp folder
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(TESTS.parent / ".cache" / "inductor"))
 

@@ -68,12 +68,6 @@ def write_settings(root: Path) -> dict:
     (settings / "notebook-extension").mkdir(parents=True)
     (settings / "notebook-extension" / "tracker.jupyterlab-settings").write_text(
         json.dumps({"windowingMode": "none"}))  # every cell stays in the DOM
-    # the kernel saves its figures into the temp dir, not into the repository's figures/
-    startup = dirs["ipython"] / "profile_default" / "startup"
-    startup.mkdir(parents=True)
-    figures = str(root / "figures")
-    (startup / "00-figures-to-tmp.py").write_text(
-        f"import helpers.plotting\nfrom pathlib import Path\nhelpers.plotting.FIGURES = Path({figures!r})\n")
     return dirs
 
 
