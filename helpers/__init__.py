@@ -29,6 +29,7 @@ Modules, one job each (chapter in brackets):
     device.py          device choice and honest timing
     notebook.py        the first cell of every notebook
     plotting.py        one figure style, saved to figures/
+    progress.py        progress bars whose stored notebook text is the finished bar
     hf.py              conversion to HuggingFace LlamaForCausalLM (a test oracle)
 """
 from .checkpoint import load_model, load_tokenizer

@@ -370,10 +370,9 @@ def main(argv=None):
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows")
     ap.add_argument("--big-preset", default="bench-150m", help="random-weight config for the memory-bound rows")
     args = ap.parse_args(argv)
-    from tqdm.auto import tqdm
-
     from .checkpoint import load_model
     from .fast_decode import FastGenerator
+    from .progress import progress_bar
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -392,7 +391,7 @@ def main(argv=None):
 
     n_quant = 3 if device.type == "cpu" else 2
     steps = (0 if args.no_compile else 1) + cache_repeats + (1 if args.no_compile else 2) + 3 + n_quant + repeats
-    bar = tqdm(total=steps, desc="bench", unit="run")
+    bar = progress_bar(total=steps, desc="bench", unit="run")
     fast = None
     compile_note = "compile skipped"
     if not args.no_compile:

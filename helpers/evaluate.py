@@ -59,9 +59,9 @@ def bits_per_byte(model, tokenizer, ids: np.ndarray, seq_len: int | None = None,
     model.eval()
     total_nll, total_tokens, total_bytes = 0.0, 0, 0
     if progress:
-        from tqdm.auto import tqdm
+        from .progress import progress_bar
 
-        batches = tqdm(batches, desc="evaluating", unit="batch", leave=False)
+        batches = progress_bar(batches, desc="evaluating", unit="batch", leave=False)
     for group in batches:
         arr = np.stack(group).astype(np.int64)  # (B, T+1)
         x = torch.from_numpy(arr[:, :-1]).to(model.device)  # (B, T)

@@ -94,8 +94,7 @@ class FastGenerator:
                  sampling: SamplingConfig | None = None, generator: torch.Generator | None = None,
                  eos_id: int | None = None, stop_sequences=()) -> torch.Tensor:
         """Same contract as helpers.generate (penalties excepted): (B, T + n_new) token ids."""
-        self.warmup()
-        prompt, sampling = _setup(self.model, prompt, max_new_tokens, sampling, temperature)
+        prompt, sampling = _setup(self.model, prompt, max_new_tokens, sampling, temperature, generator)
         if sampling.repetition_penalty != 1.0 or sampling.presence_penalty or sampling.frequency_penalty:
             raise ValueError("FastGenerator does not apply penalties; use helpers.generate for those")
         B, T = prompt.shape
@@ -104,9 +103,10 @@ class FastGenerator:
         if T + max_new_tokens > self.cache.max_seq_len:
             raise ValueError(f"prompt ({T}) + max_new_tokens ({max_new_tokens}) exceeds this generator's "
                              f"max_seq_len={self.cache.max_seq_len}")
+        stop = _stop_checker(B, eos_id, stop_sequences)
+        self.warmup()  # only now: compiling is the slowest part, and bad input should not wait for it
         if max_new_tokens == 0:
             return prompt
-        stop = _stop_checker(B, eos_id, stop_sequences)
         generated: list[int] = []
         out = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=prompt.device)
         out[:, :T] = prompt

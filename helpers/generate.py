@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from .kv_cache import KVCache
+from .kv_cache import KVCache, check_cache
 from .model import check_token_ids
-from .sampling import SamplingConfig, next_token
+from .sampling import SamplingConfig, check_generator, next_token
 
 
 def as_prompt_tensor(prompt, model) -> torch.Tensor:
@@ -38,31 +38,37 @@ def as_prompt_tensor(prompt, model) -> torch.Tensor:
         prompt = prompt.unsqueeze(0)
     if prompt.dim() == 2 and prompt.shape[1] == 0:
         raise ValueError("prompt must contain at least 1 token; got an empty prompt")
-    check_token_ids(prompt, model.cfg.vocab_size)
+    check_token_ids(prompt, model.cfg.vocab_size, name="prompt")
     return prompt.to(model.device, torch.long)
 
 
-def check_generation_length(prompt_len: int, max_new_tokens, max_seq_len: int) -> None:
+def check_generation_length(prompt_len: int, max_new_tokens, max_seq_len: int,
+                            window: str = "the context window") -> None:
+    """window: whose context window max_seq_len is, for the message (speculative.py checks the draft's too)."""
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an int >= 0; got {max_new_tokens!r}")
     if prompt_len > max_seq_len:
-        raise ValueError(f"prompt has {prompt_len} tokens but the context window (max_seq_len) is "
+        raise ValueError(f"prompt has {prompt_len} tokens but {window} (max_seq_len) is "
                          f"{max_seq_len}: allowed prompt length is 1..{max_seq_len}")
     if prompt_len + max_new_tokens > max_seq_len:
-        raise ValueError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds the context "
-                         f"window max_seq_len={max_seq_len}: allowed max_new_tokens is 0..{max_seq_len - prompt_len}")
+        raise ValueError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds {window} "
+                         f"max_seq_len={max_seq_len}: allowed max_new_tokens is 0..{max_seq_len - prompt_len}")
 
 
 @torch.no_grad()
 def prefill(model, prompt: torch.Tensor, cache: KVCache) -> torch.Tensor:
     """Run the prompt (B, T) through the model, filling cache positions 0..T-1. Returns (B, V) logits."""
+    check_token_ids(prompt, model.cfg.vocab_size, name="prompt")
+    check_cache(cache, model)  # before reset(): a cache built for another model is refused untouched
     cache.reset()
-    return model(prompt, cache=cache, start_pos=0, last_only=True)[:, -1, :]
+    return model(prompt, cache=cache, start_pos=0, last_only=True, check=False)[:, -1, :]
 
 
 @torch.no_grad()
 def decode_one_token(model, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
     """One token (B, 1) at position cache.length; writes its K/V into the cache. Returns (B, V) logits."""
+    # type and shape only: the id-range check reads the tensor, a device sync every step on a GPU
+    check_token_ids(token, model.cfg.vocab_size, name="token", check_range=False)
     return model(token, cache=cache, check=False)[:, -1, :]
 
 
@@ -72,9 +78,7 @@ class StopChecker:
 
     def __init__(self, eos_id: int | None = None, stop_sequences=(), stop_criteria=()):
         self.eos_id = eos_id
-        self.stop_sequences = [list(s) for s in stop_sequences]
-        if any(len(s) == 0 for s in self.stop_sequences):
-            raise ValueError("stop_sequences must not contain an empty sequence")
+        self.stop_sequences = _as_stop_sequences(stop_sequences)
         self.stop_criteria = list(stop_criteria)
         if not all(callable(c) for c in self.stop_criteria):
             raise ValueError("stop_criteria must be callables criterion(generated_ids) -> bool")
@@ -94,6 +98,24 @@ class StopChecker:
         return self.reason is not None
 
 
+def _as_stop_sequences(stop_sequences) -> list[list[int]]:
+    """stop_sequences as lists of ints. A string would otherwise be taken apart into characters that never
+    equal a token id, so the stop would silently never fire."""
+    text_stop = ("stop_sequences must be lists of token ids, e.g. [tok.encode('\\n')]; to stop at a string "
+                 "use stop_criteria=[TextStop(tok, [...])] from helpers.stopping")
+    if isinstance(stop_sequences, (str, bytes)) or any(isinstance(s, (str, bytes)) for s in stop_sequences):
+        raise ValueError(f"{text_stop}; got a string in {stop_sequences!r}")
+    out = []
+    for s in stop_sequences:
+        s = s.tolist() if isinstance(s, torch.Tensor) else s
+        if not isinstance(s, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in s):
+            raise ValueError(f"{text_stop}; got {s!r} (a list of sequences is needed even for one: [[id, ...]])")
+        if len(s) == 0:
+            raise ValueError("stop_sequences must not contain an empty sequence")
+        out.append(list(s))
+    return out
+
+
 def _stop_checker(batch_size, eos_id, stop_sequences, stop_criteria=()):
     if eos_id is None and not stop_sequences and not stop_criteria:
         return None
@@ -102,7 +124,8 @@ def _stop_checker(batch_size, eos_id, stop_sequences, stop_criteria=()):
     return StopChecker(eos_id, stop_sequences, stop_criteria)
 
 
-def _setup(model, prompt, max_new_tokens, sampling, temperature):
+def _setup(model, prompt, max_new_tokens, sampling, temperature, generator):
+    check_generator(generator)  # here, before any work: greedy decoding would never look at it
     prompt = as_prompt_tensor(prompt, model)
     check_generation_length(prompt.shape[1], max_new_tokens, model.cfg.max_seq_len)
     if sampling is None:
@@ -113,9 +136,9 @@ def _setup(model, prompt, max_new_tokens, sampling, temperature):
 def _progress(total, show):
     if not show:
         return None
-    from tqdm.auto import tqdm
+    from .progress import progress_bar
 
-    return tqdm(total=total, desc="generating", unit="tok", leave=False)
+    return progress_bar(total=total, desc="generating", unit="tok", leave=False)
 
 
 @torch.no_grad()
@@ -128,13 +151,23 @@ def generate(model, prompt, max_new_tokens: int, *, temperature: float = 0.0, sa
     Stops early (batch size 1) at `eos_id` (kept in the output), at the end of a stop sequence, or
     when a stop criterion returns True (the token that triggered it is kept).
     """
-    prompt, sampling = _setup(model, prompt, max_new_tokens, sampling, temperature)
+    prompt, sampling = _setup(model, prompt, max_new_tokens, sampling, temperature, generator)
     B, T = prompt.shape
+    stop = _stop_checker(B, eos_id, stop_sequences, stop_criteria)
+    if cache is not None:  # the caller's: check it now rather than fail mid-generation
+        check_cache(cache, model)
+        # prefill writes T positions and each decode step one more; the last new token is never fed back
+        needed = T + max(max_new_tokens - 1, 0)
+        if cache.batch_size != B:
+            raise ValueError(f"cache was built for batch size {cache.batch_size}; prompt has batch size {B}")
+        if cache.max_seq_len < needed:
+            raise ValueError(f"cache holds {cache.max_seq_len} positions but prompt ({T} tokens) + max_new_tokens "
+                             f"({max_new_tokens}) needs {needed}: build it with "
+                             f"KVCache.for_model(model, batch_size={B}, max_seq_len={needed})")
     if max_new_tokens == 0:
         return prompt
     if cache is None:
         cache = KVCache.for_model(model, batch_size=B, max_seq_len=T + max_new_tokens)
-    stop = _stop_checker(B, eos_id, stop_sequences, stop_criteria)
     generated: list[int] = []  # only kept when a stop condition needs to look at the tokens
     penalised = sampling.repetition_penalty != 1.0 or sampling.presence_penalty or sampling.frequency_penalty
     out = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=prompt.device)
@@ -165,7 +198,7 @@ def generate_without_cache(model, prompt, max_new_tokens: int, *, temperature: f
                            eos_id: int | None = None, stop_sequences=(), progress: bool = False,
                            stop_criteria=()) -> torch.Tensor:
     """The same loop without a cache: every step runs the model over the whole sequence so far."""
-    prompt, sampling = _setup(model, prompt, max_new_tokens, sampling, temperature)
+    prompt, sampling = _setup(model, prompt, max_new_tokens, sampling, temperature, generator)
     B, T = prompt.shape
     stop = _stop_checker(B, eos_id, stop_sequences, stop_criteria)
     generated: list[int] = []

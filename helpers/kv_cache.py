@@ -13,6 +13,11 @@ Preallocation means no tensor is ever re-allocated or concatenated while generat
 cost is known before the first token: `nbytes` is 2 * layers * batch * kv_heads * max_seq_len *
 head_dim * bytes per element.
 
+A cache remembers what it was built for (`KVCache.for_model` records the model's ModelConfig), and
+the model refuses a cache built for another one (`check_cache`): with a different layout the error
+would come from deep inside torch, and with the same layout it would silently attend to another
+model's keys.
+
 Out of scope: paged allocation and sliding-window eviction (chapter 04 builds both by hand).
 """
 from __future__ import annotations
@@ -35,13 +40,42 @@ class LayerCache:
         return self.k[:, :, :end], self.v[:, :, :end]  # (B, Hkv, end, D) views, no copy
 
 
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _layout(n_layers, n_kv_heads, head_dim, dtype, device) -> str:
+    return f"layers={n_layers}, kv_heads={n_kv_heads}, head_dim={head_dim}, dtype={dtype}, device={device}"
+
+
+def check_cache(cache, model) -> None:
+    """Raise a ValueError naming `cache` unless it was built for `model`: the same number of layers, KV heads,
+    head dim, dtype and device, and, if it recorded the config it was built for (`for_model` does), the same
+    ModelConfig. Works for any cache with a (L, B, Hkv, S, D) tensor `k` (KVCache, RollingKVCache)."""
+    if not isinstance(getattr(cache, "k", None), torch.Tensor) or not hasattr(cache, "layer"):
+        raise ValueError(f"cache must be a KVCache (KVCache.for_model(model, ...)); got {type(cache).__name__}")
+    cfg = model.cfg
+    L, _, Hkv, _, D = cache.k.shape
+    have = (L, Hkv, D, cache.k.dtype, cache.k.device)
+    need = (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, model.dtype, model.device)
+    if have != need:
+        raise ValueError(f"cache was built for another model ({_layout(*have)}); this model needs "
+                         f"{_layout(*need)}: build its cache with KVCache.for_model(model, ...)")
+    built_for = getattr(cache, "model_cfg", None)
+    if built_for is not None and built_for is not cfg and built_for != cfg:
+        differ = [k for k, v in cfg.to_dict().items() if built_for.to_dict()[k] != v]
+        raise ValueError(f"cache was built for another model (its ModelConfig differs in {', '.join(differ)}): "
+                         f"build its cache with KVCache.for_model(model, ...)")
+
+
 class KVCache:
     def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, max_seq_len: int, head_dim: int,
-                 dtype=torch.float32, device=None):
+                 dtype=torch.float32, device=None, model_cfg=None):
         shape = (n_layers, batch_size, n_kv_heads, max_seq_len, head_dim)  # (L, B, Hkv, S, D)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.batch_size, self.max_seq_len = batch_size, max_seq_len
+        self.model_cfg = model_cfg  # the ModelConfig it was built for (None if built by hand); see check_cache
         self.length = 0  # number of positions filled (the next token goes to position `length`)
         self._layers = [LayerCache(self.k[i], self.v[i]) for i in range(n_layers)]
 
@@ -49,13 +83,13 @@ class KVCache:
     def for_model(cls, model, batch_size: int = 1, max_seq_len: int | None = None, dtype=None) -> "KVCache":
         cfg = model.cfg
         max_seq_len = cfg.max_seq_len if max_seq_len is None else max_seq_len
-        if not 1 <= max_seq_len <= cfg.max_seq_len:
+        if not _is_int(max_seq_len) or not 1 <= max_seq_len <= cfg.max_seq_len:
             raise ValueError(f"max_seq_len must be in [1, {cfg.max_seq_len}] (the model's context window); "
-                             f"got {max_seq_len}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1; got {batch_size}")
+                             f"got {max_seq_len!r}")
+        if not _is_int(batch_size) or batch_size < 1:
+            raise ValueError(f"batch_size must be an int >= 1; got {batch_size!r}")
         return cls(cfg.n_layers, batch_size, cfg.n_kv_heads, max_seq_len, cfg.head_dim,
-                   dtype=dtype or model.dtype, device=model.device)
+                   dtype=dtype or model.dtype, device=model.device, model_cfg=cfg)
 
     def layer(self, i: int) -> LayerCache:
         return self._layers[i]

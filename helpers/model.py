@@ -25,6 +25,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .kv_cache import check_cache
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -234,8 +236,8 @@ class Transformer(nn.Module):
                 last_only: bool = False, check: bool = True, causal: bool = True, input_pos=None):
         """Logits for every position of `idx` (B, T) -> (B, T, vocab_size).
 
-        cache:       a KVCache; the T tokens are placed at positions start_pos .. start_pos+T-1
-                     (start_pos defaults to the number of tokens already cached).
+        cache:       a KVCache built for this model (checked: kv_cache.check_cache); the T tokens are placed
+                     at positions start_pos .. start_pos+T-1 (start_pos defaults to the number already cached).
         attn_window: attend only to the last `attn_window` positions (sliding-window attention).
         last_only:   compute logits for the last position only (B, 1, vocab): prefill needs no more.
         check:       validate idx (dtype, shape, id range). The decode loop turns this off for tokens
@@ -252,14 +254,16 @@ class Transformer(nn.Module):
             check_token_ids(idx, self.cfg.vocab_size)
         B, T = idx.shape
         if cache is not None:
+            check_cache(cache, self)
             start_pos = cache.length if start_pos is None else start_pos
             if not 0 <= start_pos <= cache.length:
                 raise ValueError(f"start_pos must be in [0, {cache.length}] (the cached length); got {start_pos}")
             if start_pos + T > cache.max_seq_len:
                 raise ValueError(f"positions {start_pos}..{start_pos + T - 1} do not fit the cache "
-                                 f"(max_seq_len={cache.max_seq_len}); allowed: start_pos + T <= {cache.max_seq_len}")
+                                 f"(max_seq_len={cache.max_seq_len}): it holds positions 0..{cache.max_seq_len - 1}")
             if cache.batch_size != B:
-                raise ValueError(f"idx has batch size {B} but the cache was built for {cache.batch_size}")
+                # named by the cache, not by idx: prefill and generate pass their own `prompt` here
+                raise ValueError(f"cache was built for batch size {cache.batch_size}; got a batch of {B} sequences")
         else:
             start_pos = 0 if start_pos is None else start_pos
         if start_pos + T > self.cfg.max_seq_len:
@@ -291,16 +295,22 @@ class Transformer(nn.Module):
         return self.head(self.norm(x))  # (B, T, V)
 
 
-def check_token_ids(idx, vocab_size: int) -> None:
-    """Raise a ValueError that names the problem, instead of a traceback from deep inside torch."""
+def check_token_ids(idx, vocab_size: int, name: str = "idx", check_range: bool = True) -> None:
+    """Raise a ValueError that names the problem, instead of a traceback from deep inside torch.
+
+    name: the caller's parameter (generate passes "prompt"). check_range=False skips the id-range check,
+    the only part that reads the tensor (a device sync on a GPU).
+    """
     if not isinstance(idx, torch.Tensor):
-        raise ValueError(f"idx must be a torch.Tensor of token ids with shape (B, T); got {type(idx).__name__}")
+        raise ValueError(f"{name} must be a torch.Tensor of token ids with shape (B, T); got {type(idx).__name__}")
     if idx.dtype not in (torch.long, torch.int32, torch.int64):
-        raise ValueError(f"idx must hold integer token ids (torch.long); got dtype {idx.dtype}")
+        raise ValueError(f"{name} must hold integer token ids (torch.long); got dtype {idx.dtype}")
     if idx.dim() != 2:
-        raise ValueError(f"idx must have shape (B, T); got shape {tuple(idx.shape)}")
+        raise ValueError(f"{name} must have shape (B, T); got shape {tuple(idx.shape)}")
     if idx.shape[0] < 1 or idx.shape[1] < 1:
-        raise ValueError(f"idx must hold at least one token (B >= 1, T >= 1); got shape {tuple(idx.shape)}")
+        raise ValueError(f"{name} must hold at least one token (B >= 1, T >= 1); got shape {tuple(idx.shape)}")
+    if not check_range:
+        return
     lo, hi = int(idx.min()), int(idx.max())
     if lo < 0 or hi >= vocab_size:
-        raise ValueError(f"token ids must be in [0, {vocab_size - 1}]; got values in [{lo}, {hi}]")
+        raise ValueError(f"{name}: token ids must be in [0, {vocab_size - 1}]; got values in [{lo}, {hi}]")

@@ -5,7 +5,8 @@
     save_figure(fig, "04_latency_vs_position")     # writes figures/04_latency_vs_position.png and shows it
 
 PNG rather than SVG: SVG embeds the date, so notebook outputs would change on every run. The PNG is
-written with fixed metadata, so re-running a notebook leaves an unchanged figure byte-identical.
+written with fixed metadata, so re-running a notebook leaves an unchanged figure byte-identical, and the
+notebook shows the saved file itself.
 
 Out of scope: interactive plots (see widgets.py).
 """
@@ -32,17 +33,20 @@ def use_course_style() -> None:
 
 
 def save_figure(fig, name: str, show: bool = True) -> None:
-    """Save `fig` as figures/<name>.png (deterministic bytes) and display it inline."""
+    """Save `fig` as figures/<name>.png (deterministic bytes) and, in a notebook, display that very file.
+
+    Displaying the saved PNG rather than re-rendering the figure makes the image stored in the
+    notebook byte-identical to the one in figures/ (tests/test_figures.py checks it)."""
     import matplotlib.pyplot as plt
 
     FIGURES.mkdir(parents=True, exist_ok=True)
     path = FIGURES / f"{name}.png"
     fig.savefig(path, bbox_inches="tight", metadata={"Software": None})
-    if show:
-        plt.show()
-    else:
-        plt.close(fig)
+    plt.close(fig)
+    if show and in_notebook():
+        from IPython.display import Image, display
 
+        display(Image(filename=str(path)))
 
 
 def in_notebook() -> bool:

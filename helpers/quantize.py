@@ -24,6 +24,11 @@ quantized copy of a course `Transformer`. Kernels (`kernel=`):
                   (tinygemm); both read bf16 activations and bf16 scales/zeros.
     "dynamic"     int8, CPU: torch.ops.quantized.linear_dynamic (fbgemm/x86). Not weight-only: it also
                   rounds each call's activations to 8 bits (one scale per call), so its error is larger.
+                  On CPUs without VNNI (plain AVX2, and AVX-512 without VNNI) fbgemm multiplies u8 x s8
+                  with `vpmaddubsw`, which adds each *pair* of products into a saturating int16: two
+                  products of 255 x 127 overflow it. There the weights get 7-bit codes (|q| <= 63),
+                  so a pair sum is at most 2 x 255 x 63 = 32,130 < 32,767 and the kernel is exact again;
+                  `dynamic_weight_bits()` says which applies on this machine (it asks the kernel).
     "linear_then_scale"  int8: F.linear(x, q.to(x.dtype)) * scale, the form torch.compile fuses into one
                   kernel on a GPU (gpt-fast's weight-only int8). In eager mode it is not fast.
     "auto"        CPU: int8 -> "int8pack", int4 -> "int4pack"; CUDA: int8 -> "linear_then_scale", int4
@@ -44,6 +49,7 @@ Out of scope: activation-aware methods (GPTQ, AWQ, SmoothQuant), quantized KV ca
 from __future__ import annotations
 
 import copy
+import functools
 import warnings
 
 import torch
@@ -223,9 +229,12 @@ class QuantizedLinear(nn.Module):
         self.method, self.dtype, self.device_type = method, weight.dtype, weight.device.type
         self.out_features, self.in_features = N, K = weight.shape
         self.group_size = group_size if method == "int4" else None
+        self.weight_bits = 4
         w = weight.detach()
         if method == "int8":
-            q, scales = quantize_absmax(w, bits=8, per_channel=True, scale_dtype=STORAGE_DTYPE)  # (N, K), (N, 1)
+            self.weight_bits = dynamic_weight_bits() if self.kernel == "dynamic" else 8
+            q, scales = quantize_absmax(w, bits=self.weight_bits, per_channel=True,
+                                        scale_dtype=STORAGE_DTYPE)  # (N, K), (N, 1)
             self.register_buffer("scales", scales.reshape(N))  # (N,) bf16
             if self.kernel == "dynamic":
                 self._packed = _prepack_dynamic(q, self.scales)  # fbgemm's own int8 layout (CPU only)
@@ -332,6 +341,29 @@ def _prepack_dynamic(q: torch.Tensor, scales: torch.Tensor):
         return torch.ops.quantized.linear_prepack(qw, None)
 
 
+@functools.cache
+def dynamic_int8_saturates() -> bool:
+    """Does this CPU's fbgemm dynamic int8 kernel saturate its int16 pair sums? Asked of the kernel itself.
+
+    Every weight code is 127 and every activation is 1.0, which fbgemm rounds to the uint8 code 255, so
+    each pair of products is 2 x 255 x 127 = 64,770. A VNNI kernel (`vpdpbusd`) accumulates in int32
+    and returns 64 x 127 exactly; an AVX2 kernel (`vpmaddubsw`) clips every pair at 32,767 and returns
+    about half. fbgemm picks its kernel from the CPU (or FBGEMM_ENABLE_INSTRUCTIONS), not from
+    ATEN_CPU_CAPABILITY, so only running it tells. False where the kernel is not available."""
+    if not set(torch.backends.quantized.supported_engines) & {"fbgemm", "x86"}:
+        return False
+    K, N = 64, 8
+    packed = _prepack_dynamic(torch.full((N, K), 127, dtype=torch.int8), torch.ones(N))
+    y = torch.ops.quantized.linear_dynamic(torch.ones(1, K), packed, False)  # (1, N)
+    return abs(y[0, 0].item() - 127 * K) > 0.5
+
+
+def dynamic_weight_bits() -> int:
+    """Bits of the weight codes the "dynamic" kernel gets: 8 where the kernel is exact, 7 where its
+    int16 pair sums would saturate (see dynamic_int8_saturates)."""
+    return 7 if dynamic_int8_saturates() else 8
+
+
 # ---------------------------------------------------------------------------------------------
 # A whole model
 # ---------------------------------------------------------------------------------------------
@@ -364,9 +396,9 @@ def quantize_model(model, method: str = "int8", group_size: int = 64, kernel: st
     qmodel = copy.deepcopy(model, memo={id(w): w for w in replaced}).eval()
     blocks = qmodel.layers
     if progress:
-        from tqdm.auto import tqdm
+        from .progress import progress_bar
 
-        blocks = tqdm(blocks, desc=f"quantizing ({method})", unit="layer", leave=False)
+        blocks = progress_bar(blocks, desc=f"quantizing ({method})", unit="layer", leave=False)
     for block in blocks:
         for name in QUANTIZED_LAYERS:
             parent_name, child = name.split(".")

@@ -6,6 +6,11 @@ The order is HuggingFace's: penalties act on raw logits, temperature rescales, t
 the candidate set (each filter sets the logits it removes to -inf), and softmax renormalises what is
 left. Temperature 0 means greedy (argmax), exactly.
 
+Logits are checked before any of that (`check_logits`): NaN, +inf, or a row where every token is
+masked to -inf has no distribution to sample from, so it raises a ValueError instead of producing
+NaN probabilities or a silent token 0. Each row's maximum is subtracted before the temperature
+divides, so huge but finite logits (3e38 at temperature 1e-4) cannot overflow to inf.
+
 Every filter keeps all tokens tied with the last one it keeps, so its result never depends on how a
 sort orders equal values (HuggingFace's top-p picks an arbitrary subset of such ties; otherwise the
 results are identical, which tests/test_sampling.py checks against its warpers).
@@ -59,6 +64,36 @@ def validate_sampling(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition
     for name, value in (("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty)):
         if not _is_number(value) or not -2 <= value <= 2:
             raise ValueError(f"{name} must be in [-2, 2] (0 = off, the OpenAI API's range); got {value!r}")
+
+
+def check_logits(logits) -> None:
+    """Raise a ValueError unless every row of `logits` (..., V) can be turned into a token: no NaN, no +inf,
+    and at least one finite entry (-inf marks a masked token; a row of nothing but -inf allows none).
+
+    One reduction covers all three cases: a row's maximum is finite exactly when the row has no NaN
+    (max propagates it), no +inf, and is not all -inf. Reading it back is one device -> host sync per call.
+    """
+    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point() or logits.dim() == 0:
+        raise ValueError(f"logits must be a floating-point torch.Tensor of shape (..., V); got "
+                         f"{getattr(logits, 'dtype', type(logits).__name__)}")
+    if logits.shape[-1] == 0:
+        raise ValueError(f"logits must have at least one token (V >= 1); got shape {tuple(logits.shape)}")
+    if bool(torch.isfinite(logits.amax(dim=-1)).all()):
+        return
+    allowed = "allowed: finite values, with -inf for masked tokens and at least one finite logit per row"
+    if torch.isnan(logits).any():
+        raise ValueError(f"logits contain NaN ({allowed}); NaN logits usually mean the model overflowed")
+    if torch.isposinf(logits).any():
+        raise ValueError(f"logits contain +inf ({allowed})")
+    raise ValueError(f"logits have a row where every entry is -inf, so no token is left to pick ({allowed})")
+
+
+def check_generator(generator) -> None:
+    """None (torch's global generator) or a torch.Generator; checked even when greedy decoding never uses it,
+    so that a bad value (a seed, a NumPy generator) is caught the first time, not when sampling is switched on."""
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator (e.g. torch.Generator().manual_seed(0)) or None; "
+                         f"got {type(generator).__name__}")
 
 
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -138,8 +173,12 @@ def filtered_logits(logits: torch.Tensor, cfg: SamplingConfig, previous: torch.T
     """Penalties, temperature and the three filters in order; removed tokens are -inf. Not for greedy."""
     if cfg.greedy:
         raise ValueError("temperature must be > 0 for filtered_logits (temperature 0 is greedy: use probabilities)")
+    check_logits(logits)
     logits = apply_penalties(logits.float(), previous, cfg.repetition_penalty, cfg.presence_penalty,
                              cfg.frequency_penalty)
+    # shifting a row changes none of its probabilities, and with the maximum at 0 dividing by a small
+    # temperature cannot overflow to +inf (3e38 / 1e-4 would); very negative values become -inf, probability 0
+    logits = logits - logits.amax(dim=-1, keepdim=True)
     logits = apply_temperature(logits, cfg.temperature)
     logits = top_k_filter(logits, cfg.top_k)
     logits = top_p_filter(logits, cfg.top_p)
@@ -149,6 +188,7 @@ def filtered_logits(logits: torch.Tensor, cfg: SamplingConfig, previous: torch.T
 def probabilities(logits: torch.Tensor, cfg: SamplingConfig, previous: torch.Tensor | None = None) -> torch.Tensor:
     """The distribution the next token is drawn from, (..., V). Greedy gives a one-hot."""
     if cfg.greedy:
+        check_logits(logits)
         logits = apply_penalties(logits.float(), previous, cfg.repetition_penalty, cfg.presence_penalty,
                                  cfg.frequency_penalty)
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
@@ -157,15 +197,18 @@ def probabilities(logits: torch.Tensor, cfg: SamplingConfig, previous: torch.Ten
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """Draw one token id per row of probs (B, V) -> (B, 1)."""
+    check_generator(generator)
     return torch.multinomial(probs, 1, generator=generator)
 
 
 def next_token(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None = None,
                previous: torch.Tensor | None = None) -> torch.Tensor:
     """logits (B, V) -> token ids (B, 1). Greedy takes the argmax (no randomness consumed)."""
+    check_generator(generator)
     if cfg.greedy and cfg.repetition_penalty == 1.0 and not (cfg.presence_penalty or cfg.frequency_penalty):
+        check_logits(logits)  # argmax would silently return 0 for a row of -inf, or point at a NaN
         return logits.argmax(dim=-1, keepdim=True)
-    probs = probabilities(logits, cfg, previous)
+    probs = probabilities(logits, cfg, previous)  # checks the logits
     if cfg.greedy:
         return probs.argmax(dim=-1, keepdim=True)
     return sample(probs, generator)

@@ -71,7 +71,7 @@ class RollingKVCache:
     """
 
     def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, window: int, head_dim: int,
-                 max_seq_len: int, dtype=torch.float32, device=None):
+                 max_seq_len: int, dtype=torch.float32, device=None, model_cfg=None):
         if not isinstance(window, int) or isinstance(window, bool) or not 1 <= window <= max_seq_len:
             raise ValueError(f"window must be an int in [1, {max_seq_len}] (the context window); got {window!r}")
         if batch_size < 1:
@@ -80,6 +80,7 @@ class RollingKVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.window, self.batch_size, self.max_seq_len = window, batch_size, max_seq_len
+        self.model_cfg = model_cfg  # the ModelConfig it was built for, as in KVCache (kv_cache.check_cache)
         self.length = 0
         self._layers = [RollingLayerCache(self, self.k[i], self.v[i]) for i in range(n_layers)]
 
@@ -87,7 +88,7 @@ class RollingKVCache:
     def for_model(cls, model, window: int, batch_size: int = 1, dtype=None) -> "RollingKVCache":
         cfg = model.cfg
         return cls(cfg.n_layers, batch_size, cfg.n_kv_heads, window, cfg.head_dim, cfg.max_seq_len,
-                   dtype=dtype or model.dtype, device=model.device)
+                   dtype=dtype or model.dtype, device=model.device, model_cfg=cfg)
 
     def layer(self, i: int) -> RollingLayerCache:
         return self._layers[i]
@@ -112,11 +113,11 @@ def generate_sliding_window(model, prompt, max_new_tokens: int, window: int, *, 
     """Like generate(), but every token attends only to the last `window` positions, and the cache
     holds `window` slots. Returns (B, T + max_new_tokens) ids. Same results as running the model
     without a cache with attn_window=window."""
-    prompt, sampling = _setup(model, prompt, max_new_tokens, sampling, temperature)
+    prompt, sampling = _setup(model, prompt, max_new_tokens, sampling, temperature, generator)
     B, T = prompt.shape
+    cache = RollingKVCache.for_model(model, window, batch_size=B)  # before returning early: it checks `window`
     if max_new_tokens == 0:
         return prompt
-    cache = RollingKVCache.for_model(model, window, batch_size=B)
     out = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=prompt.device)
     out[:, :T] = prompt
     logits = model(prompt, cache=cache, attn_window=window, last_only=True)[:, -1]  # (B, V)

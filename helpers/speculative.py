@@ -29,8 +29,8 @@ one-hot at each proposal, and the same rule keeps the output distribution exact.
 The loop is kept lean, because on a CPU a small model's decode step is mostly per-operation
 overhead: the committed tokens and the proposals live in one preallocated id buffer (the
 verification input is a slice of it, never a concatenation), the acceptance test for all gamma
-tokens is a handful of batched tensor ops, and each round reads exactly one number back from the
-device (how many proposals were accepted).
+tokens is a handful of batched tensor ops, and each round reads back from the device only how many
+proposals were accepted, plus one flag per model call (sampling.check_logits: are the logits usable).
 
 Out of scope: batch size > 1 (rows would accept different numbers of tokens), repetition / presence /
 frequency penalties (their distribution depends on the tokens before each position), tree
@@ -44,7 +44,7 @@ import torch
 
 from .generate import as_prompt_tensor, check_generation_length
 from .kv_cache import KVCache
-from .sampling import SamplingConfig, probabilities
+from .sampling import SamplingConfig, check_generator, next_token, probabilities
 
 DEFAULT_GAMMA = 3  # draft tokens per round with a draft model (chapter 08 measures the choice)
 DEFAULT_LOOKUP_GAMMA = 6  # prompt-lookup proposals per round: no draft steps, but a longer verify pass
@@ -122,6 +122,7 @@ def accept_or_resample(p_target: torch.Tensor, p_draft: torch.Tensor | None, dra
     Random numbers, in this order: gamma uniforms (one per proposal; u < p_target/p_draft accepts, written
     u * p_draft < p_target so nothing divides by zero), then one multinomial draw per round.
     """
+    check_generator(generator)
     gamma = draft_tokens.shape[-1]
     if p_target.shape[-2] != gamma + 1:
         raise ValueError(f"p_target must have gamma + 1 = {gamma + 1} positions; got {p_target.shape[-2]}")
@@ -176,7 +177,7 @@ def _verify(target, ids, n: int, g: int, t_cache, sampling: SamplingConfig, p_dr
     logits = target(ids[:, n - 1:n + g], cache=t_cache, check=False)[0]  # (g + 1, V)
     proposals = ids[0, n:n + g]  # (g,)
     if sampling.greedy:
-        return greedy_accept(logits.argmax(-1), proposals)
+        return greedy_accept(next_token(logits, sampling)[:, 0], proposals)  # next_token checks the logits
     return accept_or_resample(probabilities(logits, sampling), p_draft, proposals, generator)
 
 
@@ -216,7 +217,8 @@ def _finish(buf: _Buffer, prompt_len: int, max_new_tokens: int, eos_id, stats: S
     return buf.ids[:, :end].clone()
 
 
-def _check_common(target, prompt, max_new_tokens, gamma, sampling, temperature, name="gamma"):
+def _check_common(target, prompt, max_new_tokens, gamma, sampling, temperature, generator, name="gamma"):
+    check_generator(generator)
     prompt = as_prompt_tensor(prompt, target)
     if prompt.shape[0] != 1:
         raise ValueError(f"speculative decoding needs batch size 1; got prompt batch size {prompt.shape[0]}")
@@ -234,14 +236,18 @@ def speculative_generate(target, draft, prompt, max_new_tokens: int, *, gamma: i
 
     Returns ((1, T + n_new) ids, SpeculativeStats). At temperature 0 the ids equal
     `generate(target, prompt, max_new_tokens)`; otherwise each token has the target's distribution.
-    The two models must share the tokenizer (same vocab_size). trace=True records every round's
+    The two models must share the tokenizer (same vocab_size), and the draft's context window must hold
+    prompt + max_new_tokens, as the target's must (checked up front). trace=True records every round's
     proposals in stats.trace (one extra device -> host read per round).
     """
-    prompt, sampling = _check_common(target, prompt, max_new_tokens, gamma, sampling, temperature)
+    prompt, sampling = _check_common(target, prompt, max_new_tokens, gamma, sampling, temperature, generator)
     if draft.cfg.vocab_size != target.cfg.vocab_size:
         raise ValueError(f"draft and target must share a vocabulary; vocab_size {draft.cfg.vocab_size} "
                          f"!= {target.cfg.vocab_size}")
     T = prompt.shape[1]
+    # the draft reads the same sequence, so it needs the same room (its proposals never go past
+    # max_new_tokens); checked now, or its cache would overflow in the middle of the run
+    check_generation_length(T, max_new_tokens, draft.cfg.max_seq_len, window="the draft model's context window")
     stats = SpeculativeStats(trace=[] if trace else None)
     if max_new_tokens == 0:
         return prompt.clone(), stats
@@ -264,7 +270,7 @@ def speculative_generate(target, draft, prompt, max_new_tokens: int, *, gamma: i
             x = ids[:, d_start:n] if i == 0 else ids[:, n + i - 1:n + i]  # (1, 1 or 2)
             logits = draft(x, cache=d_cache, last_only=True, check=False)[0, -1]  # (V,)
             if greedy:
-                ids[0, n + i] = logits.argmax()
+                ids[0, n + i] = next_token(logits, sampling)  # the argmax, after checking the logits
             else:
                 p_draft[i] = probabilities(logits, sampling)
                 ids[0, n + i] = torch.multinomial(p_draft[i], 1, generator=generator)[0]
@@ -293,7 +299,8 @@ class NgramIndex:
     continuation after it can be proposed. Updated incrementally: O(max_ngram) dict writes per token."""
 
     def __init__(self, max_ngram: int = DEFAULT_MAX_NGRAM, min_ngram: int = 1):
-        if not isinstance(max_ngram, int) or not 1 <= min_ngram <= max_ngram:
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in (min_ngram, max_ngram)) \
+                or not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram; got min_ngram={min_ngram!r}, max_ngram={max_ngram!r}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.tokens: list[int] = []
@@ -331,7 +338,8 @@ def prompt_lookup_generate(target, prompt, max_new_tokens: int, *, gamma: int = 
     plain decode step. The proposals are deterministic (p_draft one-hot), so `accept_or_resample`
     keeps the output distribution exactly the target's; at temperature 0 the ids equal `generate`'s.
     """
-    prompt, sampling = _check_common(target, prompt, max_new_tokens, gamma, sampling, temperature)
+    prompt, sampling = _check_common(target, prompt, max_new_tokens, gamma, sampling, temperature, generator)
+    index = NgramIndex(max_ngram, min_ngram)  # checks max_ngram / min_ngram before any model work
     T = prompt.shape[1]
     stats = SpeculativeStats(trace=[] if trace else None)
     if max_new_tokens == 0:
@@ -340,7 +348,6 @@ def prompt_lookup_generate(target, prompt, max_new_tokens: int, *, gamma: int = 
     t_cache = KVCache.for_model(target, 1, min(T + max_new_tokens + gamma, target.cfg.max_seq_len))
     if T > 1:
         target(prompt[:, :-1], cache=t_cache, last_only=True)
-    index = NgramIndex(max_ngram, min_ngram)
     index.extend(prompt[0].tolist())
     ids = buf.ids
     end = T + max_new_tokens

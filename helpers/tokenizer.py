@@ -12,6 +12,7 @@ per-chunk cache that makes a 10 MB corpus take tens of seconds).
 from __future__ import annotations
 
 import json
+import numbers
 import re
 from collections import Counter
 from pathlib import Path
@@ -134,9 +135,25 @@ def _merge(ids: list[int], pair: tuple[int, int], new_id: int) -> list[int]:
     return out
 
 
+_IDS = "ids must be integer token ids (a list of ints or an integer tensor)"
+
+
 def _as_int_list(ids) -> list[int]:
+    """ids (a list, tuple, tensor or array of integer token ids) as a list of ints. Anything else is refused:
+    int() would silently truncate floats (2.7 -> 2) and read a str digit by digit ("42" -> [4, 2])."""
+    if isinstance(ids, (str, bytes, bytearray)):
+        raise ValueError(f"{_IDS}; got a {type(ids).__name__} (text is encoded with encode(), not decoded)")
     if hasattr(ids, "tolist"):
         ids = ids.tolist()
+    try:
+        ids = list(ids)
+    except TypeError:  # a single number (a 0-d tensor included) is not a sequence of ids
+        raise ValueError(f"{_IDS}; got {type(ids).__name__} {ids!r}") from None
+    for i in ids:
+        if isinstance(i, (list, tuple)):
+            raise ValueError(f"{_IDS}; got a nested sequence (decode one sequence at a time, e.g. ids[0])")
+        if not isinstance(i, numbers.Integral) or isinstance(i, bool):
+            raise ValueError(f"{_IDS}; got {type(i).__name__} {i!r}")
     return [int(i) for i in ids]
 
 

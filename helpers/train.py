@@ -115,9 +115,9 @@ def train_steps(model, ids: np.ndarray, steps: int, batch_size: int = 8, seq_len
     losses = []
     it = range(steps)
     if progress:
-        from tqdm.auto import tqdm
+        from .progress import progress_bar
 
-        it = tqdm(it, desc=desc, unit="step")
+        it = progress_bar(it, desc=desc, unit="step")
     model.train()
     for step in it:
         for g in opt.param_groups:
@@ -161,7 +161,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    from tqdm.auto import tqdm
+    from .progress import progress_bar
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device) if args.device else default_device()
@@ -202,7 +202,7 @@ def main(argv=None):
     print(f"{cfg}\nparameters {model.num_parameters():,}; {total_steps} steps of {tokens_per_step} tokens")
     forward = torch.compile(model) if args.compile else model
 
-    bar = tqdm(total=total_steps, initial=step, desc=f"train {name}", unit="step", dynamic_ncols=True)
+    bar = progress_bar(total=total_steps, initial=step, desc=f"train {name}", unit="step", dynamic_ncols=True)
     last_save = time.time()
     t_start, tokens_at_start = time.time(), tokens_seen
     model.train()

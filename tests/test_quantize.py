@@ -28,6 +28,8 @@ from helpers.quantize import (
     available_kernels,
     dequantize_absmax,
     dequantize_groupwise,
+    dynamic_int8_saturates,
+    dynamic_weight_bits,
     pack_int4,
     quantize_absmax,
     quantize_groupwise,
@@ -181,14 +183,63 @@ def test_cpu_kernels_match_reference(N, K, method, group_size):
         if kernel in ("int8pack", "int4pack"):
             expected = bf16_reference(x2, w_ref)
             bound = 2.0 ** -7 * expected.abs() + 1e-4 * expected.abs().max()
-        elif kernel == "dynamic":
-            expected = emulate_dynamic_activation_quant(x2) @ w_ref.T
+        elif kernel == "dynamic":  # the ideal of its formats: 8-bit activations, the layer's own weight codes
+            assert layer.weight_bits == dynamic_weight_bits()
+            expected = emulate_dynamic_activation_quant(x2) @ layer.dequantized_weight().T
             bound = 1e-4 * expected.abs().max()
         else:  # linear_then_scale: plain fp32 math in another order
             expected = x2 @ w_ref.T
             bound = 1e-5 * expected.abs().max()
         err = (y.reshape(-1, N) - expected).abs()
         assert (err <= bound).all(), f"{kernel}: max error {err.max().item():.3g}"
+
+
+DYNAMIC = "dynamic" in available_kernels("int8", "cpu")
+
+
+@pytest.mark.skipif(not DYNAMIC, reason="fbgemm's dynamic int8 kernel exists only on x86 CPUs")
+def test_dynamic_int8_weight_bits_follow_the_kernel():
+    """7-bit weight codes exactly where the kernel's int16 pair sums saturate, 8 bits elsewhere."""
+    assert dynamic_weight_bits() == (7 if dynamic_int8_saturates() else 8)
+    layer = QuantizedLinear(torch.randn(16, 64), "int8", kernel="dynamic")
+    q = torch.ops.quantized.linear_unpack(layer._packed)[0].int_repr()
+    assert q.abs().max().item() == 2 ** (dynamic_weight_bits() - 1) - 1
+
+
+SATURATING_CHECK = """
+import torch, torch.nn as nn
+from helpers.quantize import QuantizedLinear, dynamic_int8_saturates, dynamic_weight_bits, quantize_absmax
+from helpers.quantize import _prepack_dynamic
+from test_quantize import emulate_dynamic_activation_quant
+assert dynamic_int8_saturates() and dynamic_weight_bits() == 7
+torch.manual_seed(0)
+w, x = torch.randn(256, 256) * 0.05, torch.randn(16, 256)
+layer = QuantizedLinear(w, "int8", kernel="dynamic")
+expected = emulate_dynamic_activation_quant(x) @ layer.dequantized_weight().T
+assert (layer(x) - expected).abs().max() <= 1e-4 * expected.abs().max()
+q8, s8 = quantize_absmax(w, bits=8, per_channel=True, scale_dtype=torch.bfloat16)  # what would go wrong
+y8 = torch.ops.quantized.linear_dynamic(x, _prepack_dynamic(q8, s8.reshape(-1)), False)
+ideal8 = emulate_dynamic_activation_quant(x) @ (q8.float() * s8.float()).T
+assert (y8 - ideal8).abs().max() > 100 * 1e-4 * ideal8.abs().max()
+print("ok")
+"""
+
+
+@pytest.mark.skipif(not DYNAMIC, reason="fbgemm's dynamic int8 kernel exists only on x86 CPUs")
+def test_dynamic_int8_is_exact_on_a_saturating_kernel():
+    """FBGEMM_ENABLE_INSTRUCTIONS=AVX2 makes fbgemm use its AVX2 kernel on any x86 CPU: there 8-bit codes
+    would saturate (error > 100x the ideal) and the chosen 7-bit codes give the ideal rounding."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"}
+    tests = Path(__file__).resolve().parent
+    env["PYTHONPATH"] = os.pathsep.join([str(tests), str(tests.parent), env.get("PYTHONPATH", "")])
+    run = subprocess.run([sys.executable, "-c", SATURATING_CHECK], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
 
 
 def test_reference_layer_is_dequantize_then_matmul():

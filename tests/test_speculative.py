@@ -384,5 +384,7 @@ def test_bad_input_raises_value_error(tiny_pair):
         prompt_lookup_generate(target, [1, 2], 5, max_ngram=0)
     with pytest.raises(ValueError, match="min_ngram"):
         prompt_lookup_generate(target, [1, 2], 5, max_ngram=2, min_ngram=3)
+    with pytest.raises(ValueError, match="min_ngram"):
+        prompt_lookup_generate(target, [1, 2], 5, min_ngram=1.5)
     with pytest.raises(ValueError, match="alpha"):
         expected_tokens_per_target_call(1.5, 3)

@@ -1,4 +1,5 @@
-"""Shared test setup: random-weight models, the nbval sanitizer, and the `cuda` marker."""
+"""Shared test setup for every pytest run, `pytest notebooks/` included: the environment notebook kernels
+inherit, the nbval sanitizer, the `cuda` marker and random-weight models."""
 from __future__ import annotations
 
 import os
@@ -10,7 +11,8 @@ import torch
 
 from helpers.model import ModelConfig, Transformer
 
-TESTS = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parent
+TESTS = REPO / "tests"
 os.environ.setdefault("PYTHONHASHSEED", "0")
 # one thread per process: the suite runs two workers on two cores, and small models gain nothing from
 # more threads (they only fight over the cores); notebook kernels inherit this too
@@ -20,7 +22,7 @@ torch.set_num_threads(1)
 # (notebook kernels and the browser test's JupyterLab inherit this)
 os.environ.setdefault("LLM_COURSE_FIGURES", tempfile.mkdtemp(prefix="course-figures-"))
 # keep torch.compile's cache out of the system temp folder
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(TESTS.parent / ".cache" / "inductor"))
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(REPO / ".cache" / "inductor"))
 
 
 def pytest_configure(config):

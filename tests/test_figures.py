@@ -1,0 +1,53 @@
+"""Every committed figure is the very image stored in its notebook's output, byte for byte.
+
+scripts/run_notebooks.py writes outputs and figures in one run, and helpers.plotting.save_figure
+displays the PNG file it wrote, so a notebook and figures/ can only disagree when one of them was
+regenerated without the other. Figures made outside the notebooks (the bench's, the browser test's
+screenshot) are left out."""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOT_FROM_NOTEBOOKS = ("bench_", "06_browser_")
+SAVED = re.compile(r"save_figure\([^\n]*?,\s*[\"']([\w.-]+)[\"']")
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def stored_pngs(nb_path: Path) -> set[str]:
+    cells = json.loads(nb_path.read_text())["cells"]
+    return {sha256(base64.b64decode("".join(out["data"]["image/png"])))
+            for cell in cells for out in cell.get("outputs", []) if "image/png" in out.get("data", {})}
+
+
+def saved_names(nb_path: Path) -> list[str]:
+    cells = json.loads(nb_path.read_text())["cells"]
+    return [name for cell in cells if cell["cell_type"] == "code" for name in SAVED.findall("".join(cell["source"]))]
+
+
+@pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_each_saved_figure_is_the_stored_image(nb_path):
+    names = saved_names(nb_path)
+    stored = stored_pngs(nb_path)
+    for name in names:
+        figure = REPO / "figures" / f"{name}.png"
+        assert figure.exists(), f"{nb_path.name} saves {name}.png, which is not in figures/"
+        assert sha256(figure.read_bytes()) in stored, (
+            f"figures/{name}.png is not the image stored in {nb_path.name}: "
+            "regenerate both with scripts/run_notebooks.py")
+
+
+def test_every_figure_comes_from_a_notebook():
+    saved = {name for nb in NOTEBOOKS for name in saved_names(nb)}
+    figures = {p.stem for p in (REPO / "figures").glob("*.png") if not p.name.startswith(NOT_FROM_NOTEBOOKS)}
+    assert figures - saved == set(), "figures no notebook saves (stale files?)"
