@@ -28,10 +28,10 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(REPO / ".cache" / "inductor
 def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a CUDA GPU (skipped on machines without one)")
     config.addinivalue_line("markers", "browser: drives JupyterLab in headless Chromium")
-    # nbval reads --sanitize-with relative to the working directory; give it an absolute path
+    # nbval reads --nbval-sanitize-with relative to the working directory; give it an absolute path
     if config.getoption("nbval", default=False) or config.getoption("nbval_lax", default=False):
-        if not config.getoption("sanitize_with", default=None):
-            config.option.sanitize_with = str(TESTS / "nbval_sanitize.cfg")
+        if not config.getoption("nbval_sanitize_with", default=None):
+            config.option.nbval_sanitize_with = str(TESTS / "nbval_sanitize.cfg")
 
 
 def pytest_collection_modifyitems(config, items):

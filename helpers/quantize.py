@@ -229,7 +229,6 @@ class QuantizedLinear(nn.Module):
         self.method, self.dtype, self.device_type = method, weight.dtype, weight.device.type
         self.out_features, self.in_features = N, K = weight.shape
         self.group_size = group_size if method == "int4" else None
-        self.weight_bits = 4
         w = weight.detach()
         if method == "int8":
             self.weight_bits = dynamic_weight_bits() if self.kernel == "dynamic" else 8
@@ -241,6 +240,7 @@ class QuantizedLinear(nn.Module):
             else:
                 self.register_buffer("qweight", q)  # (N, K) int8
             return
+        self.weight_bits = 4
         if group_size not in KERNEL_GROUP_SIZES:
             raise ValueError(f"group_size must be one of {KERNEL_GROUP_SIZES} for int4; got {group_size!r}")
         _check_group_size(group_size, K)
@@ -319,8 +319,9 @@ class QuantizedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         g = f", group_size={self.group_size}" if self.group_size else ""
+        bits = f", weight_bits={self.weight_bits}" if self.weight_bits == 7 else ""  # the saturation guard
         return (f"in_features={self.in_features}, out_features={self.out_features}, method={self.method}{g}, "
-                f"kernel={self.kernel}")
+                f"kernel={self.kernel}{bits}")
 
 
 def _pack_for_int4_kernel(q: torch.Tensor, inner_k_tiles: int) -> torch.Tensor:

@@ -8,8 +8,8 @@ left. Temperature 0 means greedy (argmax), exactly.
 
 Logits are checked before any of that (`check_logits`): NaN, +inf, or a row where every token is
 masked to -inf has no distribution to sample from, so it raises a ValueError instead of producing
-NaN probabilities or a silent token 0. Each row's maximum is subtracted before the temperature
-divides, so huge but finite logits (3e38 at temperature 1e-4) cannot overflow to inf.
+NaN probabilities or a silent token 0. A row that the temperature would overflow (3e38 at
+temperature 1e-4) has its maximum subtracted first, so huge but finite logits still give a distribution.
 
 Every filter keeps all tokens tied with the last one it keeps, so its result never depends on how a
 sort orders equal values (HuggingFace's top-p picks an arbitrary subset of such ties; otherwise the
@@ -71,14 +71,17 @@ def check_logits(logits) -> None:
     and at least one finite entry (-inf marks a masked token; a row of nothing but -inf allows none).
 
     One reduction covers all three cases: a row's maximum is finite exactly when the row has no NaN
-    (max propagates it), no +inf, and is not all -inf. Reading it back is one device -> host sync per call.
+    (max propagates it), no +inf, and is not all -inf. Reading it back is one device -> host read per call
+    (about 15 us on a CPU; on a GPU a synchronisation, which the decode loops' stop checks make anyway).
     """
     if not isinstance(logits, torch.Tensor) or not logits.is_floating_point() or logits.dim() == 0:
         raise ValueError(f"logits must be a floating-point torch.Tensor of shape (..., V); got "
                          f"{getattr(logits, 'dtype', type(logits).__name__)}")
     if logits.shape[-1] == 0:
         raise ValueError(f"logits must have at least one token (V >= 1); got shape {tuple(logits.shape)}")
-    if bool(torch.isfinite(logits.amax(dim=-1)).all()):
+    row_max = logits.amax(dim=-1)  # (...,)
+    # the sum of the row maxima is finite only if every one is; if it overflowed, the exact test decides
+    if math.isfinite(row_max.sum().item()) or bool(torch.isfinite(row_max).all()):
         return
     allowed = "allowed: finite values, with -inf for masked tokens and at least one finite logit per row"
     if torch.isnan(logits).any():
@@ -99,7 +102,12 @@ def check_generator(generator) -> None:
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     if not _is_number(temperature) or temperature <= 0:
         raise ValueError(f"temperature must be > 0 here (greedy is handled by the caller); got {temperature!r}")
-    return logits / temperature
+    scaled = logits / temperature  # (..., V)
+    # a finite logit can overflow when divided by a small temperature (3e38 / 1e-4): such rows are divided
+    # after subtracting their maximum, which changes none of their probabilities. Other rows keep the plain
+    # division, so they stay bit-identical to HuggingFace's warpers; no device -> host read is needed.
+    overflow = (torch.isinf(scaled) & torch.isfinite(logits)).any(dim=-1, keepdim=True)  # (..., 1)
+    return torch.where(overflow, (logits - logits.amax(dim=-1, keepdim=True)) / temperature, scaled)
 
 
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
@@ -176,9 +184,6 @@ def filtered_logits(logits: torch.Tensor, cfg: SamplingConfig, previous: torch.T
     check_logits(logits)
     logits = apply_penalties(logits.float(), previous, cfg.repetition_penalty, cfg.presence_penalty,
                              cfg.frequency_penalty)
-    # shifting a row changes none of its probabilities, and with the maximum at 0 dividing by a small
-    # temperature cannot overflow to +inf (3e38 / 1e-4 would); very negative values become -inf, probability 0
-    logits = logits - logits.amax(dim=-1, keepdim=True)
     logits = apply_temperature(logits, cfg.temperature)
     logits = top_k_filter(logits, cfg.top_k)
     logits = top_p_filter(logits, cfg.top_p)
