@@ -14,7 +14,7 @@ Conventions:
 - bytes are plain bytes: 1 GB = 1e9 bytes.
 
 Out of scope: communication between devices, optimizers other than AdamW, quantization scales
-(chapter 07), measured timings (roofline.py).
+(chapter 11), measured timings (roofline.py).
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ the model refuses a cache built for another one (`check_cache`): with a differen
 would come from deep inside torch, and with the same layout it would silently attend to another
 model's keys.
 
-Out of scope: paged allocation and sliding-window eviction (chapter 04 builds both by hand).
+Out of scope: paged allocation and sliding-window eviction (chapter 05 builds both by hand).
 """
 from __future__ import annotations
 

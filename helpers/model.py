@@ -145,7 +145,7 @@ class Attention(nn.Module):
         S = k.shape[2]  # number of key positions the queries may look at
 
         if not causal:
-            mask, is_causal = None, False  # every position sees the future too (chapter 02's experiment)
+            mask, is_causal = None, False  # every position sees the future too (chapter 03's experiment)
         elif T == 1 and attn_window is None:
             mask, is_causal = None, False  # one new query: everything cached is in its past
         elif S == T and attn_window is None:

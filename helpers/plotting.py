@@ -2,7 +2,7 @@
 
     fig, ax = plt.subplots()
     ...
-    save_figure(fig, "04_latency_vs_position")     # writes figures/04_latency_vs_position.png and shows it
+    save_figure(fig, "05_latency_vs_position")     # writes figures/05_latency_vs_position.png and shows it
 
 PNG rather than SVG: SVG embeds the date, so notebook outputs would change on every run. The PNG is
 written with fixed metadata, so re-running a notebook leaves an unchanged figure byte-identical, and the

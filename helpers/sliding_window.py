@@ -16,7 +16,7 @@ keys, so a single query may see them in any order. A chunk of several new tokens
 for those the cache hands back the keys in position order.
 
 This only changes which keys are kept: positions are still limited by the model's rotary table
-(max_seq_len), and a model trained with full attention loses quality when it sees less (chapter 04
+(max_seq_len), and a model trained with full attention loses quality when it sees less (chapter 05
 measures how much).
 
 Out of scope: attention sinks (keeping the first few tokens, as StreamingLLM does), rolling back

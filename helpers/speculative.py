@@ -46,7 +46,7 @@ from .generate import as_prompt_tensor, check_generation_length
 from .kv_cache import KVCache
 from .sampling import SamplingConfig, check_generator, next_token, probabilities
 
-DEFAULT_GAMMA = 3  # draft tokens per round with a draft model (chapter 08 measures the choice)
+DEFAULT_GAMMA = 3  # draft tokens per round with a draft model (chapter 12 measures the choice)
 DEFAULT_LOOKUP_GAMMA = 6  # prompt-lookup proposals per round: no draft steps, but a longer verify pass
 DEFAULT_MAX_NGRAM = 3
 DEFAULT_MIN_NGRAM = 2  # a single-token match is weak evidence: its proposals are mostly rejected

@@ -104,7 +104,7 @@ def train_steps(model, ids: np.ndarray, steps: int, batch_size: int = 8, seq_len
     """A short training run for notebooks: AdamW, constant learning rate after a brief warmup.
 
     Returns the training loss (nats/token) at every step. `causal=False` trains without the causal
-    mask (chapter 02's cautionary experiment). Deterministic for a given seed and thread count.
+    mask (chapter 03's cautionary experiment). Deterministic for a given seed and thread count.
     """
     if steps < 1 or batch_size < 1 or seq_len < 1:
         raise ValueError(f"steps, batch_size and seq_len must be >= 1; got {steps}, {batch_size}, {seq_len}")

@@ -1,11 +1,11 @@
 """The sampling chapter in a real browser: JupyterLab + headless Chromium, sliders moved by keyboard.
 
 Starts JupyterLab on 127.0.0.1 (free port, random token, every Jupyter/IPython dir inside a temp dir)
-on a temp copy of notebooks/06_sampling.ipynb, opens it in Debian's chromium through playwright (the
+on a temp copy of notebooks/09_sampling.ipynb, opens it in Debian's chromium through playwright (the
 browser playwright would download is never used), runs all cells from the Run menu, moves the
 temperature and top-p sliders of the live panel, and checks that the distribution (the chart and its
 summary line) and the sampled text change. Saves a screenshot of the panel as
-figures/06_browser_sampling.png. Every request that is not to 127.0.0.1 is blocked.
+figures/09_browser_sampling.png. Every request that is not to 127.0.0.1 is blocked.
 """
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ from urllib.parse import urlparse
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-NOTEBOOK = REPO / "notebooks" / "06_sampling.ipynb"
-SCREENSHOT = REPO / "figures" / "06_browser_sampling.png"
+NOTEBOOK = REPO / "notebooks" / "09_sampling.ipynb"
+SCREENSHOT = REPO / "figures" / "09_browser_sampling.png"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 RUN_ALL_TIMEOUT_S = 420  # the notebook takes well under a minute on a quiet machine; shared CI machines are not quiet
