@@ -417,7 +417,7 @@ def main(argv=None):
     for r in rows:
         print(r.line())
     print(f"quantization quality, {quality}")
-    FIGURES.mkdir(exist_ok=True)
+    FIGURES.mkdir(parents=True, exist_ok=True)
     plot(rows, curves, name)
     results = {"device": name, "torch": torch.__version__, "dtype": str(dtype), "quick": quick,
                "compile": compile_note, "quantization_quality": quality,

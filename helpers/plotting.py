@@ -1,4 +1,5 @@
-"""Figures: one style, saved into figures/ as PNG and shown inline.
+"""Figures: one style, saved as PNG and shown inline (into .cache/figures/, or figures/ when
+scripts/run_notebooks.py regenerates the committed ones).
 
     fig, ax = plt.subplots()
     ...
@@ -17,9 +18,11 @@ from pathlib import Path
 
 import matplotlib
 
-# LLM_COURSE_FIGURES redirects the figures (the test suite sends them to a temp folder, so running the
-# tests never rewrites the committed ones; scripts/run_notebooks.py regenerates those)
-FIGURES = Path(os.environ.get("LLM_COURSE_FIGURES") or Path(__file__).resolve().parent.parent / "figures")
+REPO = Path(__file__).resolve().parent.parent
+# Where figures go. A learner's runs write to .cache/figures/ (untracked), so running a notebook or the
+# bench never rewrites the committed figures/; scripts/run_notebooks.py sets LLM_COURSE_FIGURES to
+# figures/ to regenerate those (and the test suite to a temp folder).
+FIGURES = Path(os.environ.get("LLM_COURSE_FIGURES") or REPO / ".cache" / "figures")
 
 
 def use_course_style() -> None:

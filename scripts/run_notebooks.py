@@ -2,11 +2,15 @@
 
     python scripts/run_notebooks.py                 # every notebook in notebooks/
     python scripts/run_notebooks.py 04 06           # only those whose name starts with 04 or 06
+    python scripts/run_notebooks.py solutions/      # the worked solutions (notebooks/solutions/)
 
 Each notebook runs top to bottom in a fresh kernel on the CPU (so the stored outputs are the ones
 strict nbval compares against on a CPU machine), with PYTHONHASHSEED=0. Volatile metadata (cell
-timings, widget state and widget views, kernel versions) is stripped; execution counts are kept, as
-nbval needs them. Figures the notebooks save land in figures/. Prints each notebook's run time.
+timings, widget state and widget views) is stripped; execution counts are kept, as nbval needs them.
+The notebook metadata is stored in the form JupyterLab writes when it opens and saves a notebook
+(kernelspec "Python 3 (ipykernel)" and the kernel's language_info), so opening a notebook does not
+change the file (on a Python other than the one that made them, JupyterLab still updates the version).
+Figures the notebooks save land in figures/. Prints each notebook's run time.
 """
 from __future__ import annotations
 
@@ -25,8 +29,8 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 def clean(nb) -> None:
     nb.metadata.pop("widgets", None)
-    nb.metadata.pop("language_info", None)
-    nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    # what JupyterLab writes on save (language_info comes from the kernel that just ran the notebook)
+    nb.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
         cell.metadata.pop("collapsed", None)
@@ -47,7 +51,7 @@ def run(path: Path, timeout: int = 900) -> float:
     os.environ.update(env_overrides)
     try:
         t0 = time.time()
-        NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}},
+        NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}},
                        record_timing=False).execute()
         elapsed = time.time() - t0
     finally:
@@ -63,15 +67,16 @@ def run(path: Path, timeout: int = 900) -> float:
 
 def main(argv):
     prefixes = argv[1:]
-    paths = sorted(p for p in NOTEBOOKS.glob("*.ipynb") if not prefixes or p.name.startswith(tuple(prefixes)))
+    every = sorted(NOTEBOOKS.glob("*.ipynb")) + sorted(NOTEBOOKS.glob("solutions/*.ipynb"))
+    paths = [p for p in every if not prefixes or str(p.relative_to(NOTEBOOKS)).startswith(tuple(prefixes))]
     if not paths:
         sys.exit(f"no notebooks match {prefixes} in {NOTEBOOKS}")
     total = 0.0
     for p in paths:
         t = run(p)
         total += t
-        print(f"{p.name:40s} {t:6.1f} s", flush=True)
-    print(f"{'total':40s} {total:6.1f} s")
+        print(f"{str(p.relative_to(NOTEBOOKS)):60s} {t:6.1f} s", flush=True)
+    print(f"{'total':60s} {total:6.1f} s")
 
 
 if __name__ == "__main__":

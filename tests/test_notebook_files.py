@@ -1,0 +1,23 @@
+"""Notebooks are stored in the form JupyterLab writes, so opening one and saving it leaves git clean
+(measured: JupyterLab 4 rewrites the kernelspec display name and adds the kernel's language_info), and
+without volatile metadata (cell timings, widget state)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+ALL = sorted(NOTEBOOKS.glob("*.ipynb")) + sorted(NOTEBOOKS.glob("solutions/*.ipynb"))
+
+
+@pytest.mark.parametrize("path", ALL, ids=lambda p: str(p.relative_to(NOTEBOOKS)))
+def test_stored_as_jupyterlab_writes_it(path):
+    nb = json.loads(path.read_text())
+    assert nb["metadata"]["kernelspec"] == {"display_name": "Python 3 (ipykernel)", "language": "python",
+                                            "name": "python3"}
+    assert nb["metadata"]["language_info"]["name"] == "python", "run scripts/run_notebooks.py to store it"
+    assert "widgets" not in nb["metadata"]
+    for cell in nb["cells"]:
+        assert "execution" not in cell["metadata"], "cell timings are volatile"
