@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import torch
 
-from . import exercise
 from ..flops import kv_cache_bytes
 from ..model import ModelConfig
+from . import exercise
 
 __all__ = ["check_1", "check_2", "check_3", "check_4"]
 
