@@ -24,6 +24,10 @@ def heal_prompt(tok: Tokenizer, ids, n_back: int = 1) -> tuple[list[int], bytes]
     """Drop the last `n_back` tokens of `ids`; return (kept ids, the bytes those tokens spelled).
 
     A leading begin-of-text token is never backed up (it spells no bytes)."""
+    if isinstance(ids, torch.Tensor):
+        ids = ids.tolist()
+    if not isinstance(ids, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ValueError("ids must be one sequence of int token ids (a list or a 1-D tensor), e.g. tok.encode(text)")
     ids = list(ids)
     if not isinstance(n_back, int) or isinstance(n_back, bool) or n_back < 1:
         raise ValueError(f"n_back must be an int >= 1; got {n_back!r}")

@@ -24,6 +24,11 @@ def test_heal_prompt_refuses_bad_input(tok):
         heal_prompt(tok, tok.encode("abc"), n_back=0)
     with pytest.raises(ValueError, match="cannot back up"):
         heal_prompt(tok, [tok.bos_id], n_back=1)  # the begin-of-text token spells nothing
+    with pytest.raises(ValueError, match="ids must be one sequence"):
+        heal_prompt(tok, torch.tensor([tok.encode("abc")]))  # a (B, T) batch, not one sequence
+    with pytest.raises(ValueError, match="ids must be one sequence"):
+        heal_prompt(tok, "abc")
+    assert heal_prompt(tok, torch.tensor(tok.encode("ab c")))[1] == b" c"
     with pytest.raises(ValueError, match="special token"):
         heal_prompt(tok, tok.encode("abc", eos=True))
 
