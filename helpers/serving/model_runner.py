@@ -59,14 +59,11 @@ def forward_step(model, cache: PagedKVCache, chunks: list[SequenceChunk]) -> tor
     if decode:
         dec_rows = torch.tensor([rows[i][0] for i in decode], device=device)  # (Bd,)
         dec_len = torch.tensor([chunks[i].start_pos + 1 for i in decode], device=device)  # (Bd,) keys to read
-        dec_slots = cache.table_slots([chunks[i].block_table for i in decode])  # (Bd, S)
-        if len(decode) == 1:  # a batch of one needs no padding, hence no mask
-            dec_slots, dec_mask = dec_slots[:, :int(dec_len[0])], None
-        else:
-            dec_mask = (torch.arange(dec_slots.shape[1], device=device) < dec_len.unsqueeze(1))  # (Bd, S)
-            dec_mask = dec_mask[:, None, None, :]  # (Bd, 1, 1, S): True = a real key of this request
-    pre_slots = [cache.slots(chunks[i].block_table, 0, chunks[i].start_pos + len(chunks[i].token_ids)).unsqueeze(0)
-                 for i in prefill]  # each (1, context)
+        dec_tables = cache.padded_tables([chunks[i].block_table for i in decode])  # (Bd, n_blocks)
+        S = dec_tables.shape[1] * cache.block_size  # key positions read per request, padding included
+        dec_mask = (torch.arange(S, device=device) < dec_len.unsqueeze(1))[:, None, None, :]  # (Bd, 1, 1, S)
+        one_len = int(dec_len[0]) if len(decode) == 1 else None  # a batch of one needs no mask: cut instead
+    pre_tables = [cache.padded_tables([chunks[i].block_table]) for i in prefill]  # each (1, n_blocks)
 
     cos, sin = model.rope_cos[pos], model.rope_sin[pos]  # (N, D)
     x = model.embed(tokens)  # (N, C)
@@ -80,14 +77,18 @@ def forward_step(model, cache: PagedKVCache, chunks: list[SequenceChunk]) -> tor
 
         y = torch.empty_like(q)  # (H, N, D)
         if decode:
-            kd, vd = cache.gather(layer_idx, dec_slots)  # (Bd, Hkv, S, D)
+            kd, vd = cache.gather(layer_idx, dec_tables)  # (Bd, Hkv, S, D)
             qd = q[:, dec_rows].transpose(0, 1).unsqueeze(2)  # (Bd, H, 1, D)
-            yd = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=dec_mask, enable_gqa=Hkv != H)
+            if one_len is not None:
+                yd = F.scaled_dot_product_attention(qd, kd[:, :, :one_len], vd[:, :, :one_len], enable_gqa=Hkv != H)
+            else:
+                yd = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=dec_mask, enable_gqa=Hkv != H)
             y[:, dec_rows] = yd[:, :, 0].transpose(0, 1)  # (H, Bd, D)
-        for i, s in zip(prefill, pre_slots):
+        for i, table in zip(prefill, pre_tables):
             r0, T = rows[i]
-            kp, vp = cache.gather(layer_idx, s)  # (1, Hkv, context, D)
-            S = kp.shape[2]
+            S = chunks[i].start_pos + T  # keys this chunk's queries may see
+            kp, vp = cache.gather(layer_idx, table)  # (1, Hkv, n_blocks * block_size, D)
+            kp, vp = kp[:, :, :S], vp[:, :, :S]  # (1, Hkv, S, D)
             qp = q[:, r0:r0 + T].unsqueeze(0)  # (1, H, T, D)
             if S == T:  # a whole prompt: the plain causal mask, as model.py's prefill uses
                 yp = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, enable_gqa=Hkv != H)
