@@ -109,8 +109,9 @@ class RunResult:
         return percentile(self.itls, 99)
 
     def row(self) -> str:
-        return (f"{self.name:<24} {self.throughput:8.0f} tok/s   TTFT p50 {1e3 * self.ttft_p50:7.1f} ms  "
-                f"p99 {1e3 * self.ttft_p99:7.1f} ms   ITL p50 {1e3 * self.itl_p50:6.1f} ms  p99 {1e3 * self.itl_p99:6.1f} ms")
+        """One line: throughput, then TTFT and inter-token latency as p50 / p99 in milliseconds."""
+        return (f"{self.name:<26}{self.throughput:7.0f} tok/s   TTFT {1e3 * self.ttft_p50:7.1f} / "
+                f"{1e3 * self.ttft_p99:7.1f} ms   ITL {1e3 * self.itl_p50:5.1f} / {1e3 * self.itl_p99:6.1f} ms")
 
 
 def run_engine(engine, workload: list[WorkloadRequest], name: str = "engine", progress=None) -> RunResult:
