@@ -57,10 +57,11 @@ class StepRecord:
     duration: float
     num_tokens: int  # tokens computed (prefill + decode)
     num_decode: int  # requests that decoded one token
-    num_running: int
-    live_tokens: int  # tokens whose K/V is in the cache, summed over running requests
+    num_running: int  # requests holding blocks after the step's scheduling
+    live_tokens: int  # filled slots in the blocks in use (a block shared by a prefix counts once)
+    context_tokens: int  # tokens of context the requests attend to, summed (shared prefixes counted per request)
     allocated_slots: int  # token slots in blocks handed out (blocks in use * block_size)
-    reserved_slots: int  # what contiguous max-length reservation would hold for the same requests
+    reserved_slots: int  # what contiguous reservation of prompt + max_tokens would hold for the same requests
 
 
 class Engine:
@@ -171,12 +172,14 @@ class Engine:
         for s in scheduled:
             s.request.num_computed += s.num_tokens
             self.scheduler.register_full_blocks(s.request)
+        running = self.scheduler.running
         self.steps.append(StepRecord(
             start, self.time - start, sum(s.num_tokens for s in scheduled),
-            sum(1 for s in scheduled if s.num_tokens == 1), len(scheduled),
-            live_tokens=sum(s.request.num_computed for s in scheduled),
+            sum(1 for s in scheduled if s.num_tokens == 1), len(running),
+            live_tokens=self._filled_slots(),
+            context_tokens=sum(r.num_computed for r in running),
             allocated_slots=self.pool.num_used * self.block_size,
-            reserved_slots=sum(len(s.request.prompt) + s.request.max_tokens for s in scheduled)))
+            reserved_slots=sum(len(r.prompt) + r.max_tokens for r in running)))
         outputs = []
         for r, tok in zip(sampled, tokens):
             if r.finished:  # a static batch's padded row: computed, thrown away
@@ -232,6 +235,14 @@ class Engine:
             penalised = s.repetition_penalty != 1.0 or s.presence_penalty or s.frequency_penalty
             out[i] = int(next_token(row, s, r.generator, ids if penalised else None)[0, 0])
         return out
+
+    def _filled_slots(self) -> int:
+        filled: dict[int, int] = {}  # block id -> slots holding computed tokens
+        bs = self.block_size
+        for r in self.scheduler.running:
+            for j, b in enumerate(r.block_table):
+                filled[b] = max(filled.get(b, 0), min(bs, max(0, r.num_computed - j * bs)))
+        return sum(filled.values())
 
     def _stop_reason(self, r: Request) -> str | None:
         if r.stop is not None:

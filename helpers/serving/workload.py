@@ -37,15 +37,17 @@ class WorkloadRequest:
 
 
 def make_workload(tokenizer, n: int, rate: float | None = None, prompt_len=(16, 128), output_len=(16, 256),
-                  seed: int = 0, shared_prefix_len: int = 0, text: str | None = None) -> list[WorkloadRequest]:
+                  seed: int = 0, shared_prefix_len: int = 0, source_ids=None) -> list[WorkloadRequest]:
+    """n requests whose prompts are windows of `source_ids` (default: the first 100,000 characters of the
+    validation text, encoded), each led by the same first `shared_prefix_len` tokens of it."""
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be an int >= 1; got {n!r}")
     if rate is not None and not rate > 0:
         raise ValueError(f"rate must be > 0 requests per second, or None (all at once); got {rate!r}")
-    if text is None:
+    if source_ids is None:
         from ..data import validation_text
-        text = validation_text()[:400_000]
-    ids = tokenizer.encode(text)
+        source_ids = tokenizer.encode(validation_text()[:100_000])
+    ids = [int(t) for t in source_ids]
     rng = np.random.default_rng(seed)
     prefix = ids[:shared_prefix_len]
     p_lens = rng.integers(prompt_len[0], prompt_len[1] + 1, n)
