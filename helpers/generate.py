@@ -73,6 +73,15 @@ def decode_one_token(model, token: torch.Tensor, cache: KVCache) -> torch.Tensor
     return model(token, cache=cache, check=False)[:, -1, :]
 
 
+def check_logits_processors(logits_processors) -> tuple:
+    """logits_processors as a tuple of callables proc(ids, logits) -> logits (a single callable is refused:
+    it would be taken apart as an iterable, or silently ignored)."""
+    if callable(logits_processors) or not all(callable(p) for p in logits_processors):
+        raise ValueError("logits_processors must be a list of callables proc(ids, logits) -> logits; "
+                         f"got {logits_processors!r}")
+    return tuple(logits_processors)
+
+
 def _stop_checker(batch_size, eos_id, stop_sequences, stop_criteria=()):
     # kept under its old name for the modules that still import it; the logic is stopping.stop_checker
     return stop_checker(batch_size, eos_id, stop_sequences, stop_criteria)
@@ -98,16 +107,27 @@ def _progress(total, show):
 @torch.no_grad()
 def generate(model, prompt, max_new_tokens: int, *, temperature: float = 0.0, sampling: SamplingConfig | None = None,
              generator: torch.Generator | None = None, eos_id: int | None = None, stop_sequences=(),
-             cache: KVCache | None = None, progress: bool = False, stop_criteria=()) -> torch.Tensor:
+             cache: KVCache | None = None, progress: bool = False, stop_criteria=(), logits_processors=(),
+             step=None) -> torch.Tensor:
     """Generate up to max_new_tokens after `prompt` with a KV cache. Returns (B, T + n_new) ids.
 
     temperature=0 (the default) is greedy decoding; pass `sampling=SamplingConfig(...)` for more.
     Stops early (batch size 1) at `eos_id` (kept in the output), at the end of a stop sequence, or
     when a stop criterion returns True (the token that triggered it is kept).
+
+    logits_processors: each `proc(ids, logits) -> logits`, ids the (B, T_so_far) prompt + generated ids,
+                       logits (B, V); applied in order before sampling (penalties and temperature after).
+    step:              the decode step, `step(model, token (B, 1), cache) -> (B, V) logits`; default
+                       decode_one_token. Another step (a compiled one, one for another cache) reuses
+                       this loop and all its stop conditions and processors.
     """
     prompt, sampling = _setup(model, prompt, max_new_tokens, sampling, temperature, generator)
     B, T = prompt.shape
     stop = stop_checker(B, eos_id, stop_sequences, stop_criteria)
+    logits_processors = check_logits_processors(logits_processors)
+    if step is not None and not callable(step):
+        raise ValueError(f"step must be a callable step(model, token, cache) -> logits, or None; got {step!r}")
+    step = decode_one_token if step is None else step
     if cache is not None:  # the caller's: check it now rather than fail mid-generation
         check_cache(cache, model)
         # prefill writes T positions and each decode step one more; the last new token is never fed back
@@ -130,6 +150,8 @@ def generate(model, prompt, max_new_tokens: int, *, temperature: float = 0.0, sa
     logits = prefill(model, prompt, cache)  # (B, V)
     n = 0
     while True:
+        for proc in logits_processors:
+            logits = proc(out[:, :T + n], logits)  # (B, V)
         previous = out[:, :T + n] if penalised else None
         tok = next_token(logits, sampling, generator, previous)  # (B, 1)
         out[:, T + n] = tok[:, 0]
@@ -140,7 +162,7 @@ def generate(model, prompt, max_new_tokens: int, *, temperature: float = 0.0, sa
             generated.append(int(tok[0, 0]))
         if n == max_new_tokens or (stop is not None and stop(generated)):
             break
-        logits = decode_one_token(model, tok, cache)
+        logits = step(model, tok, cache)
     if bar is not None:
         bar.close()
     return out[:, :T + n]

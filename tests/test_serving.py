@@ -256,3 +256,33 @@ def test_static_batching_pads_to_the_longest(model_and_prompts):
     assert [len(engine.get(i).output) for i in ids] == lengths
     assert [len(engine.get(i).padded) for i in ids] == [16 - n for n in lengths]  # rows kept running
     assert engine.pool.num_free == 128
+
+
+def test_exercise_checks_accept_the_worked_answers():
+    from helpers.exercises import ch13
+    assert ch13.check_1(4) and ch13.check_2(1 - 97 / 160) and ch13.check_3(32)
+
+
+def test_generate_takes_processors_and_a_step(model_and_prompts):
+    model, prompts, refs = model_and_prompts
+    from helpers.generate import decode_one_token
+    seen = []
+
+    def ban_first(ids, logits):
+        seen.append(tuple(ids.shape))
+        logits = logits.clone()
+        logits[:, refs[0][0]] = float("-inf")
+        return logits
+
+    out = generate(model, prompts[0], 4, logits_processors=[ban_first])[0, len(prompts[0]):].tolist()
+    assert out[0] != refs[0][0] and seen == [(1, len(prompts[0]) + i) for i in range(4)]
+    calls = []
+
+    def counting_step(m, token, cache):
+        calls.append(1)
+        return decode_one_token(m, token, cache)
+
+    assert generate(model, prompts[0], N_NEW, step=counting_step)[0, len(prompts[0]):].tolist() == refs[0]
+    assert len(calls) == N_NEW - 1
+    with pytest.raises(ValueError, match="logits_processors"):
+        generate(model, prompts[0], 2, logits_processors=ban_first)
