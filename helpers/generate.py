@@ -22,6 +22,7 @@ import torch
 from .kv_cache import KVCache, check_cache
 from .model import check_token_ids
 from .sampling import SamplingConfig, check_generator, next_token
+from .stopping import StopChecker, stop_checker  # noqa: F401  (StopChecker: re-exported)
 
 
 def as_prompt_tensor(prompt, model) -> torch.Tensor:
@@ -72,56 +73,18 @@ def decode_one_token(model, token: torch.Tensor, cache: KVCache) -> torch.Tensor
     return model(token, cache=cache, check=False)[:, -1, :]
 
 
-class StopChecker:
-    """Decides after each new token whether generation is over (end-of-text, a stop sequence, or a
-    stop criterion: a callable that gets the generated ids and returns True to stop)."""
-
-    def __init__(self, eos_id: int | None = None, stop_sequences=(), stop_criteria=()):
-        self.eos_id = eos_id
-        self.stop_sequences = _as_stop_sequences(stop_sequences)
-        self.stop_criteria = list(stop_criteria)
-        if not all(callable(c) for c in self.stop_criteria):
-            raise ValueError("stop_criteria must be callables criterion(generated_ids) -> bool")
-        self.reason = None
-
-    def __call__(self, generated: list[int]) -> bool:
-        if self.eos_id is not None and generated and generated[-1] == self.eos_id:
-            self.reason = "eos"
-        for s in self.stop_sequences:
-            if len(generated) >= len(s) and generated[-len(s):] == s:
-                self.reason = "stop_sequence"
-        if self.reason is None:
-            for criterion in self.stop_criteria:
-                if criterion(generated):
-                    self.reason = criterion
-                    break
-        return self.reason is not None
-
-
-def _as_stop_sequences(stop_sequences) -> list[list[int]]:
-    """stop_sequences as lists of ints. A string would otherwise be taken apart into characters that never
-    equal a token id, so the stop would silently never fire."""
-    text_stop = ("stop_sequences must be lists of token ids, e.g. [tok.encode('\\n')]; to stop at a string "
-                 "use stop_criteria=[TextStop(tok, [...])] from helpers.stopping")
-    if isinstance(stop_sequences, (str, bytes)) or any(isinstance(s, (str, bytes)) for s in stop_sequences):
-        raise ValueError(f"{text_stop}; got a string in {stop_sequences!r}")
-    out = []
-    for s in stop_sequences:
-        s = s.tolist() if isinstance(s, torch.Tensor) else s
-        if not isinstance(s, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in s):
-            raise ValueError(f"{text_stop}; got {s!r} (a list of sequences is needed even for one: [[id, ...]])")
-        if len(s) == 0:
-            raise ValueError("stop_sequences must not contain an empty sequence")
-        out.append(list(s))
-    return out
+def check_logits_processors(logits_processors) -> tuple:
+    """logits_processors as a tuple of callables proc(ids, logits) -> logits (a single callable is refused:
+    it would be taken apart as an iterable, or silently ignored)."""
+    if callable(logits_processors) or not all(callable(p) for p in logits_processors):
+        raise ValueError("logits_processors must be a list of callables proc(ids, logits) -> logits; "
+                         f"got {logits_processors!r}")
+    return tuple(logits_processors)
 
 
 def _stop_checker(batch_size, eos_id, stop_sequences, stop_criteria=()):
-    if eos_id is None and not stop_sequences and not stop_criteria:
-        return None
-    if batch_size != 1:
-        raise ValueError(f"eos_id / stop_sequences / stop_criteria need batch size 1; got batch size {batch_size}")
-    return StopChecker(eos_id, stop_sequences, stop_criteria)
+    # kept under its old name for the modules that still import it; the logic is stopping.stop_checker
+    return stop_checker(batch_size, eos_id, stop_sequences, stop_criteria)
 
 
 def _setup(model, prompt, max_new_tokens, sampling, temperature, generator):
@@ -144,16 +107,27 @@ def _progress(total, show):
 @torch.no_grad()
 def generate(model, prompt, max_new_tokens: int, *, temperature: float = 0.0, sampling: SamplingConfig | None = None,
              generator: torch.Generator | None = None, eos_id: int | None = None, stop_sequences=(),
-             cache: KVCache | None = None, progress: bool = False, stop_criteria=()) -> torch.Tensor:
+             cache: KVCache | None = None, progress: bool = False, stop_criteria=(), logits_processors=(),
+             step=None) -> torch.Tensor:
     """Generate up to max_new_tokens after `prompt` with a KV cache. Returns (B, T + n_new) ids.
 
     temperature=0 (the default) is greedy decoding; pass `sampling=SamplingConfig(...)` for more.
     Stops early (batch size 1) at `eos_id` (kept in the output), at the end of a stop sequence, or
     when a stop criterion returns True (the token that triggered it is kept).
+
+    logits_processors: each `proc(ids, logits) -> logits`, ids the (B, T_so_far) prompt + generated ids,
+                       logits (B, V); applied in order before sampling (penalties and temperature after).
+    step:              the decode step, `step(model, token (B, 1), cache) -> (B, V) logits`; default
+                       decode_one_token. Another step (a compiled one, one for another cache) reuses
+                       this loop and all its stop conditions and processors.
     """
     prompt, sampling = _setup(model, prompt, max_new_tokens, sampling, temperature, generator)
     B, T = prompt.shape
-    stop = _stop_checker(B, eos_id, stop_sequences, stop_criteria)
+    stop = stop_checker(B, eos_id, stop_sequences, stop_criteria)
+    logits_processors = check_logits_processors(logits_processors)
+    if step is not None and not callable(step):
+        raise ValueError(f"step must be a callable step(model, token, cache) -> logits, or None; got {step!r}")
+    step = decode_one_token if step is None else step
     if cache is not None:  # the caller's: check it now rather than fail mid-generation
         check_cache(cache, model)
         # prefill writes T positions and each decode step one more; the last new token is never fed back
@@ -176,6 +150,8 @@ def generate(model, prompt, max_new_tokens: int, *, temperature: float = 0.0, sa
     logits = prefill(model, prompt, cache)  # (B, V)
     n = 0
     while True:
+        for proc in logits_processors:
+            logits = proc(out[:, :T + n], logits)  # (B, V)
         previous = out[:, :T + n] if penalised else None
         tok = next_token(logits, sampling, generator, previous)  # (B, 1)
         out[:, T + n] = tok[:, 0]
@@ -186,7 +162,7 @@ def generate(model, prompt, max_new_tokens: int, *, temperature: float = 0.0, sa
             generated.append(int(tok[0, 0]))
         if n == max_new_tokens or (stop is not None and stop(generated)):
             break
-        logits = decode_one_token(model, tok, cache)
+        logits = step(model, tok, cache)
     if bar is not None:
         bar.close()
     return out[:, :T + n]
@@ -200,7 +176,7 @@ def generate_without_cache(model, prompt, max_new_tokens: int, *, temperature: f
     """The same loop without a cache: every step runs the model over the whole sequence so far."""
     prompt, sampling = _setup(model, prompt, max_new_tokens, sampling, temperature, generator)
     B, T = prompt.shape
-    stop = _stop_checker(B, eos_id, stop_sequences, stop_criteria)
+    stop = stop_checker(B, eos_id, stop_sequences, stop_criteria)
     generated: list[int] = []
     penalised = sampling.repetition_penalty != 1.0 or sampling.presence_penalty or sampling.frequency_penalty
     seq = prompt
