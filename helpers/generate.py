@@ -22,6 +22,7 @@ import torch
 from .kv_cache import KVCache, check_cache
 from .model import check_token_ids
 from .sampling import SamplingConfig, check_generator, next_token
+from .stopping import StopChecker, stop_checker  # noqa: F401  (StopChecker: re-exported)
 
 
 def as_prompt_tensor(prompt, model) -> torch.Tensor:
@@ -72,56 +73,9 @@ def decode_one_token(model, token: torch.Tensor, cache: KVCache) -> torch.Tensor
     return model(token, cache=cache, check=False)[:, -1, :]
 
 
-class StopChecker:
-    """Decides after each new token whether generation is over (end-of-text, a stop sequence, or a
-    stop criterion: a callable that gets the generated ids and returns True to stop)."""
-
-    def __init__(self, eos_id: int | None = None, stop_sequences=(), stop_criteria=()):
-        self.eos_id = eos_id
-        self.stop_sequences = _as_stop_sequences(stop_sequences)
-        self.stop_criteria = list(stop_criteria)
-        if not all(callable(c) for c in self.stop_criteria):
-            raise ValueError("stop_criteria must be callables criterion(generated_ids) -> bool")
-        self.reason = None
-
-    def __call__(self, generated: list[int]) -> bool:
-        if self.eos_id is not None and generated and generated[-1] == self.eos_id:
-            self.reason = "eos"
-        for s in self.stop_sequences:
-            if len(generated) >= len(s) and generated[-len(s):] == s:
-                self.reason = "stop_sequence"
-        if self.reason is None:
-            for criterion in self.stop_criteria:
-                if criterion(generated):
-                    self.reason = criterion
-                    break
-        return self.reason is not None
-
-
-def _as_stop_sequences(stop_sequences) -> list[list[int]]:
-    """stop_sequences as lists of ints. A string would otherwise be taken apart into characters that never
-    equal a token id, so the stop would silently never fire."""
-    text_stop = ("stop_sequences must be lists of token ids, e.g. [tok.encode('\\n')]; to stop at a string "
-                 "use stop_criteria=[TextStop(tok, [...])] from helpers.stopping")
-    if isinstance(stop_sequences, (str, bytes)) or any(isinstance(s, (str, bytes)) for s in stop_sequences):
-        raise ValueError(f"{text_stop}; got a string in {stop_sequences!r}")
-    out = []
-    for s in stop_sequences:
-        s = s.tolist() if isinstance(s, torch.Tensor) else s
-        if not isinstance(s, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in s):
-            raise ValueError(f"{text_stop}; got {s!r} (a list of sequences is needed even for one: [[id, ...]])")
-        if len(s) == 0:
-            raise ValueError("stop_sequences must not contain an empty sequence")
-        out.append(list(s))
-    return out
-
-
 def _stop_checker(batch_size, eos_id, stop_sequences, stop_criteria=()):
-    if eos_id is None and not stop_sequences and not stop_criteria:
-        return None
-    if batch_size != 1:
-        raise ValueError(f"eos_id / stop_sequences / stop_criteria need batch size 1; got batch size {batch_size}")
-    return StopChecker(eos_id, stop_sequences, stop_criteria)
+    # kept under its old name for the modules that still import it; the logic is stopping.stop_checker
+    return stop_checker(batch_size, eos_id, stop_sequences, stop_criteria)
 
 
 def _setup(model, prompt, max_new_tokens, sampling, temperature, generator):
@@ -153,7 +107,7 @@ def generate(model, prompt, max_new_tokens: int, *, temperature: float = 0.0, sa
     """
     prompt, sampling = _setup(model, prompt, max_new_tokens, sampling, temperature, generator)
     B, T = prompt.shape
-    stop = _stop_checker(B, eos_id, stop_sequences, stop_criteria)
+    stop = stop_checker(B, eos_id, stop_sequences, stop_criteria)
     if cache is not None:  # the caller's: check it now rather than fail mid-generation
         check_cache(cache, model)
         # prefill writes T positions and each decode step one more; the last new token is never fed back
@@ -200,7 +154,7 @@ def generate_without_cache(model, prompt, max_new_tokens: int, *, temperature: f
     """The same loop without a cache: every step runs the model over the whole sequence so far."""
     prompt, sampling = _setup(model, prompt, max_new_tokens, sampling, temperature, generator)
     B, T = prompt.shape
-    stop = _stop_checker(B, eos_id, stop_sequences, stop_criteria)
+    stop = stop_checker(B, eos_id, stop_sequences, stop_criteria)
     generated: list[int] = []
     penalised = sampling.repetition_penalty != 1.0 or sampling.presence_penalty or sampling.frequency_penalty
     seq = prompt

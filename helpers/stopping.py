@@ -12,11 +12,15 @@ generation, and the criterion object remembers why.
                                                   tokenizer happened to split it
     cut_at_stop_string(text, stops)               the text before the first stop string (APIs do not return it)
     find_loop(ids)                                where a finished sequence's final loop starts, and its period
+    StopChecker(eos_id, stop_sequences, criteria) all of a loop's stop conditions after each new token: every
+                                                  decode loop (generate, the serving engine) uses this one
 
 Out of scope: confidence-based early exit (that skips layers, it does not end generation) and
 beam-search "early stopping".
 """
 from __future__ import annotations
+
+import torch
 
 
 def _check_int(name: str, value, minimum: int) -> None:
@@ -122,3 +126,57 @@ def find_loop(ids, max_period: int = 64, min_repeats: int = 3) -> tuple[int, int
         if n - start >= min_repeats * p and (best is None or start < best[0]):
             best = (start, p)
     return best
+
+
+class StopChecker:
+    """Decides after each new token whether generation is over (end-of-text, a stop sequence, or a
+    stop criterion: a callable that gets the generated ids and returns True to stop)."""
+
+    def __init__(self, eos_id: int | None = None, stop_sequences=(), stop_criteria=()):
+        self.eos_id = eos_id
+        self.stop_sequences = as_stop_sequences(stop_sequences)
+        self.stop_criteria = list(stop_criteria)
+        if not all(callable(c) for c in self.stop_criteria):
+            raise ValueError("stop_criteria must be callables criterion(generated_ids) -> bool")
+        self.reason = None
+
+    def __call__(self, generated: list[int]) -> bool:
+        if self.eos_id is not None and generated and generated[-1] == self.eos_id:
+            self.reason = "eos"
+        for s in self.stop_sequences:
+            if len(generated) >= len(s) and generated[-len(s):] == s:
+                self.reason = "stop_sequence"
+        if self.reason is None:
+            for criterion in self.stop_criteria:
+                if criterion(generated):
+                    self.reason = criterion
+                    break
+        return self.reason is not None
+
+
+def as_stop_sequences(stop_sequences) -> list[list[int]]:
+    """stop_sequences as lists of ints. A string would otherwise be taken apart into characters that never
+    equal a token id, so the stop would silently never fire."""
+    text_stop = ("stop_sequences must be lists of token ids, e.g. [tok.encode('\\n')]; to stop at a string "
+                 "use stop_criteria=[TextStop(tok, [...])] from helpers.stopping")
+    if isinstance(stop_sequences, (str, bytes)) or any(isinstance(s, (str, bytes)) for s in stop_sequences):
+        raise ValueError(f"{text_stop}; got a string in {stop_sequences!r}")
+    out = []
+    for s in stop_sequences:
+        s = s.tolist() if isinstance(s, torch.Tensor) else s
+        if not isinstance(s, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in s):
+            raise ValueError(f"{text_stop}; got {s!r} (a list of sequences is needed even for one: [[id, ...]])")
+        if len(s) == 0:
+            raise ValueError("stop_sequences must not contain an empty sequence")
+        out.append(list(s))
+    return out
+
+
+def stop_checker(batch_size, eos_id, stop_sequences, stop_criteria=()):
+    """A StopChecker for a batch-1 loop, None when there is nothing to check; refuses batch size > 1 (one
+    checker follows one sequence; the serving engine gives each request its own)."""
+    if eos_id is None and not stop_sequences and not stop_criteria:
+        return None
+    if batch_size != 1:
+        raise ValueError(f"eos_id / stop_sequences / stop_criteria need batch size 1; got batch size {batch_size}")
+    return StopChecker(eos_id, stop_sequences, stop_criteria)

@@ -1,0 +1,23 @@
+"""Serving many requests at once: a continuous-batching engine over a paged KV cache (chapter 13).
+
+    block_pool.py    which KV blocks are free, reference counts, prefix-cache hashes, LRU eviction
+    paged_cache.py   the block-structured K/V tensors: write by slot, gather through a block table
+    model_runner.py  one forward pass over a ragged batch (prefill chunks and decodes together)
+    request.py       one request's state: tokens, blocks, sampling settings, timings
+    scheduler.py     each step's batch: admission, token budget, chunked prefill, preemption
+    engine.py        submit / step / cancel / metrics: the API a server is built on
+    workload.py      synthetic workloads replayed through sequential, static and continuous serving
+    bench.py         python -m helpers.serving.bench: the chapter's targets, measured
+
+    from helpers.serving import Engine
+    engine = Engine(model, num_blocks=256, block_size=16, max_num_seqs=32, enable_prefix_caching=True)
+    rid = engine.submit(prompt_ids, max_tokens=64)
+    outputs = engine.run()          # {request_id: generated ids}
+"""
+from .block_pool import BlockPool, block_hash, prefix_hashes
+from .engine import Engine, StepOutput, StepRecord
+from .paged_cache import PagedKVCache
+from .request import Request
+
+__all__ = ["BlockPool", "block_hash", "prefix_hashes", "Engine", "StepOutput", "StepRecord", "PagedKVCache",
+           "Request"]

@@ -1,0 +1,191 @@
+"""The scheduler: each step, which requests run and how many of their tokens, within a KV budget in blocks.
+
+Iteration-level ("continuous") batching: the batch is rebuilt at every step. A request joins as soon
+as blocks and the per-step token budget allow, and leaves the step after it finishes, so nobody waits
+for the longest request of a batch.
+
+One step, in the order of vLLM's scheduler:
+
+1. running requests first, oldest first: each gets the tokens it still has to compute (1 when
+   decoding; with chunked prefill at most what is left of `max_num_batched_tokens`). If its next
+   block cannot be had, the newest running request is preempted (its blocks freed, recomputed later)
+   until it can, possibly itself;
+2. then waiting requests, first come first served, while there is room (`max_num_seqs`), budget and
+   blocks: a prompt whose first blocks are in the prefix cache starts after them.
+
+Without chunked prefill a prompt must fit the step's budget whole; a long one makes that step long,
+and every running request waits for it (the inter-token latency spike chunking removes).
+
+`policy="static"` is the baseline continuous batching replaces: a batch is admitted only when the last
+one has completely finished, and a finished request's row keeps running (its tokens thrown away)
+until the longest in its batch is done, as a padded (B, T) batch would.
+
+Out of scope (vLLM has them): priorities and fairness, swapping to CPU instead of recompute, a free-block
+watermark, lookahead slots for speculative decoding, structured-output and LoRA-aware admission,
+waiting for remote KV (disaggregated prefill), and async scheduling overlapped with the forward pass.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from .block_pool import ROOT_HASH, BlockPool, block_hash
+from .request import FINISHED, RUNNING, WAITING, Request
+
+
+@dataclass
+class ScheduledChunk:
+    request: Request
+    num_tokens: int  # tokens computed for it this step
+
+
+class Scheduler:
+    def __init__(self, pool: BlockPool, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
+                 chunked_prefill: bool = True, policy: str = "continuous"):
+        if policy not in ("continuous", "static"):
+            raise ValueError(f"policy must be 'continuous' or 'static'; got {policy!r}")
+        self.pool, self.block_size = pool, block_size
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.chunked_prefill, self.policy = chunked_prefill, policy
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # admission order: the last one is preempted first
+        self.num_preemptions = 0
+        self.context_limit = 1 << 62  # the engine sets the model's context window
+
+    def add(self, r: Request) -> None:
+        self.waiting.append(r)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # --- one step -------------------------------------------------------------------------------
+    def schedule(self) -> list[ScheduledChunk]:
+        budget = self.max_num_batched_tokens
+        out: list[ScheduledChunk] = []
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            r = self.running[i]
+            n = self._tokens_to_compute(r, budget)
+            if n == 0:
+                i += 1
+                continue
+            need = r.blocks_for(r.num_computed + n, self.block_size) - len(r.block_table)
+            while need > self.pool.num_free:
+                victim = self.running[-1]
+                self.preempt(victim)
+                preempted = True
+                if victim is r:
+                    break
+            if r.status != RUNNING:
+                break  # it preempted itself: everything after it is gone too
+            r.block_table += self.pool.allocate(need)
+            out.append(ScheduledChunk(r, n))
+            budget -= n
+            i += 1
+        if preempted or (self.policy == "static" and self.running):
+            return out
+        while self.waiting and len(self.running) < self.max_num_seqs and (budget > 0 or self.policy == "static"):
+            r = self.waiting[0]
+            n_hit, hit_blocks_free = self._peek_prefix(r)
+            computed = n_hit * self.block_size
+            n = r.num_tokens - computed
+            if self.policy == "static":
+                pass  # a static batch takes its whole prompts at once
+            elif self.chunked_prefill:
+                n = min(n, budget)
+            elif n > budget:
+                break
+            need = r.blocks_for(computed + n, self.block_size) - n_hit
+            if need > self.pool.num_free - hit_blocks_free:
+                break
+            self.waiting.popleft()
+            hits = self.pool.lookup(r.block_hashes[:n_hit]) if n_hit else []
+            r.block_table = hits + self.pool.allocate(need)
+            r.num_computed = computed
+            r.num_cached_tokens = max(r.num_cached_tokens, computed)
+            r.status = RUNNING
+            self.running.append(r)
+            out.append(ScheduledChunk(r, n))
+            budget -= n
+        return out
+
+    def _tokens_to_compute(self, r: Request, budget: int) -> int:
+        left = r.num_tokens - r.num_computed  # 1 when decoding; more while (re)prefilling
+        if r.padding and r.num_tokens >= self.context_limit:
+            return 0  # a padded row that reached the context window just sits out the rest of its batch
+        if self.chunked_prefill:
+            return min(left, budget)
+        return left if left <= budget else 0
+
+    def _peek_prefix(self, r: Request) -> tuple[int, int]:
+        """(cached full blocks at the start of r's tokens, how many of them are free now). At least one
+        token is always left to compute: the last one's logits give the next token."""
+        if not self.pool.enable_prefix_caching:
+            return 0, 0
+        self._extend_hashes(r, r.num_tokens // self.block_size)
+        usable = (r.num_tokens - 1) // self.block_size
+        n_hit, n_free = 0, 0
+        for h in r.block_hashes[:usable]:
+            b = self.pool.cached.get(h)
+            if b is None:
+                break
+            n_hit += 1
+            n_free += self.pool.ref_count[b] == 0
+        return n_hit, n_free
+
+    # --- after the forward pass -------------------------------------------------------------------
+    def register_full_blocks(self, r: Request) -> None:
+        """Give every block of r that is now full of computed tokens its chained hash (prefix caching)."""
+        if not self.pool.enable_prefix_caching:
+            return
+        full = min(r.num_computed // self.block_size, len(r.block_table))
+        self._extend_hashes(r, full)
+        for j in range(full):
+            self.pool.register(r.block_table[j], r.block_hashes[j])
+
+    def _extend_hashes(self, r: Request, n_blocks: int) -> None:
+        """Chained hashes of r's first n_blocks full blocks (computed once, then extended)."""
+        bs, ids = self.block_size, None
+        while len(r.block_hashes) < n_blocks:
+            ids = r.all_ids if ids is None else ids
+            j = len(r.block_hashes)
+            parent = r.block_hashes[-1] if r.block_hashes else ROOT_HASH
+            r.block_hashes.append(block_hash(parent, ids[j * bs:(j + 1) * bs]))
+
+    def preempt(self, r: Request) -> None:
+        """Take r's blocks back; it waits at the front of the queue and recomputes its tokens later."""
+        self.running.remove(r)
+        self.pool.release(r.block_table)
+        r.block_table, r.num_computed, r.status = [], 0, WAITING
+        r.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(r)
+
+    def finish(self, r: Request) -> None:
+        """r has stopped: free its blocks (static batching keeps the row until its batch ends)."""
+        if self.policy == "static" and r.status == RUNNING and any(
+                not o.padding and o is not r for o in self.running):
+            r.padding = True
+            return
+        self._remove(r)
+        if self.policy == "static" and all(o.padding for o in self.running):
+            for o in list(self.running):  # the batch is over: release the padded rows too
+                self._remove(o)
+
+    def abort(self, r: Request) -> None:
+        """Drop r now, wherever it is (cancel, or an error in its stop criterion)."""
+        self._remove(r)
+        if self.policy == "static" and self.running and all(o.padding for o in self.running):
+            for o in list(self.running):
+                self._remove(o)
+
+    def _remove(self, r: Request) -> None:
+        if r in self.running:
+            self.running.remove(r)
+            self.pool.release(r.block_table)
+        elif r in self.waiting:
+            self.waiting.remove(r)
+        r.block_table = []
+        r.padding = False
+        r.status = FINISHED
