@@ -29,13 +29,13 @@ class ExerciseNotRight(AssertionError):
     """The learner's answer was checked and is wrong (an AssertionError, so nbval reports it as a failure)."""
 
 
-def exercise(label: str, answer: Any, is_right: Callable[[Any], Any], hint: str = "") -> bool:
+def exercise(label: str, answer: Any, is_right: Callable[[Any], Any], hint: str = "") -> None:
     """Check one answer. `is_right(answer)` returns a truthy value for a right answer (it may also raise
-    AssertionError with its own message). Prints one line either way; returns True when right and False
-    when not attempted; a wrong answer raises ExerciseNotRight with `hint`."""
+    AssertionError with its own message). Prints one line when right or not attempted (and returns None,
+    so a check cell shows only that line); a wrong answer raises ExerciseNotRight with `hint`."""
     if answer is NOT_ATTEMPTED or (isinstance(answer, tuple) and any(a is NOT_ATTEMPTED for a in answer)):
         print(f"Exercise {label}: not attempted yet (replace the ... in the cell above, then re-run this check)")
-        return False
+        return None
     try:
         ok = bool(is_right(answer))
         reason = ""
@@ -51,4 +51,3 @@ def exercise(label: str, answer: Any, is_right: Callable[[Any], Any], hint: str 
             message += f" (hint: {hint})"
         raise ExerciseNotRight(message)
     print(f"Exercise {label}: correct")
-    return True
