@@ -19,14 +19,27 @@ This only changes which keys are kept: positions are still limited by the model'
 (max_seq_len), and a model trained with full attention loses quality when it sees less (chapter 05
 measures how much).
 
-Out of scope: attention sinks (keeping the first few tokens, as StreamingLLM does), rolling back
-(speculative decoding would need the overwritten slots), positions beyond the model's context window.
+`SinkKVCache` (chapter 08) adds the StreamingLLM variant: the first `n_sink` positions stay for
+good ("attention sinks"), the last `window` positions roll, and positions are counted *inside the
+cache*, so a stream can run past the model's context window:
+
+    cache = SinkKVCache.for_model(model, n_sink=4, window=508)
+    for t in range(5000):                                   # one token at a time once it is full
+        logits = model(ids[:, t:t + 1], cache=cache)        # no attn_window: the cache decides what is kept
+
+It stores keys *before* the rotary embedding and rotates them at their place in the cache every step
+(sinks at 0..n_sink-1, the window after them, oldest first), so no position ever exceeds n_sink +
+window - 1. With n_sink=0 it is a plain sliding window that never runs out of positions.
+
+Out of scope: rolling back (speculative decoding would need the overwritten slots); chunks of several
+tokens once a SinkKVCache is full (each query of a chunk would need its own set of keys).
 """
 from __future__ import annotations
 
 import torch
 
 from .generate import _setup
+from .model import apply_rope
 from .sampling import next_token
 
 
@@ -127,3 +140,101 @@ def generate_sliding_window(model, prompt, max_new_tokens: int, window: int, *, 
         if n + 1 < max_new_tokens:
             logits = model(tok, cache=cache, attn_window=window, check=False)[:, -1]
     return out
+
+
+class SinkLayerCache:
+    """One layer's un-rotated keys and values in cache order (sinks, then the window oldest first)."""
+
+    def __init__(self, parent: "SinkKVCache", k: torch.Tensor, v: torch.Tensor):
+        self.parent = parent
+        self.k, self.v = k, v  # each (B, Hkv, n_sink + window, D); k before the rotary embedding
+
+    def update(self, start_pos: int, k_new: torch.Tensor, v_new: torch.Tensor):
+        """Store (B, Hkv, T, D) keys/values that the model rotated at cache positions start_pos.. and
+        return every kept key, rotated at its current cache position, with its value."""
+        p = self.parent
+        if start_pos != p.length:
+            raise ValueError(f"a sink cache only appends: start_pos must be {p.length}; got {start_pos}")
+        T, C = k_new.shape[2], p.capacity
+        cos, sin = p.rope_cos[start_pos:start_pos + T], p.rope_sin[start_pos:start_pos + T]  # (T, D)
+        k_raw = apply_rope(k_new, cos, -sin)  # undo the model's rotation: a rotation by -position
+        if p.seen + T <= C:  # still room: plain causal attention over everything so far
+            self.k[:, :, p.seen:p.seen + T] = k_raw
+            self.v[:, :, p.seen:p.seen + T] = v_new
+            n = p.seen + T
+        elif T == 1:  # full: evict the oldest window token, move the window up one place, append
+            s = p.n_sink
+            self.k[:, :, s:C - 1] = self.k[:, :, s + 1:C].clone()  # clone: the two ranges overlap
+            self.v[:, :, s:C - 1] = self.v[:, :, s + 1:C].clone()
+            self.k[:, :, C - 1:] = k_raw
+            self.v[:, :, C - 1:] = v_new
+            n = C
+        else:
+            raise ValueError(f"a chunk of {T} tokens does not fit the {C - p.seen} free places of the sink cache; "
+                             "feed one token at a time once it is full")
+        k_all = apply_rope(self.k[:, :, :n], p.rope_cos[:n], p.rope_sin[:n])  # (B, Hkv, n, D), cache positions
+        return k_all, self.v[:, :, :n]
+
+
+class SinkKVCache:
+    """The first `n_sink` positions for good plus a rolling window of the last `window`: StreamingLLM.
+
+    Duck-types KVCache for `Transformer.forward`, with positions counted inside the cache: `length`
+    is the cache position of the next token (it stops growing at n_sink + window - 1 once the cache is
+    full) and `seen` counts every token fed so far. Use it without `attn_window`.
+    """
+
+    def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, n_sink: int, window: int, head_dim: int,
+                 rope_cos: torch.Tensor, rope_sin: torch.Tensor, dtype=torch.float32, device=None, model_cfg=None):
+        max_seq_len = rope_cos.shape[0]
+        for name, value, low in (("n_sink", n_sink, 0), ("window", window, 1)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}; got {value!r}")
+        if n_sink + window > max_seq_len:
+            raise ValueError(f"n_sink + window must be at most {max_seq_len} (the context window); "
+                             f"got {n_sink} + {window}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1; got {batch_size}")
+        self.n_sink, self.window, self.capacity = n_sink, window, n_sink + window
+        shape = (n_layers, batch_size, n_kv_heads, self.capacity, head_dim)  # (L, B, Hkv, C, D)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.rope_cos, self.rope_sin = rope_cos, rope_sin  # (max_seq_len, D): the model's own tables
+        self.batch_size, self.max_seq_len = batch_size, max_seq_len
+        self.model_cfg = model_cfg  # see kv_cache.check_cache
+        self.seen = 0
+        self._layers = [SinkLayerCache(self, self.k[i], self.v[i]) for i in range(n_layers)]
+
+    @classmethod
+    def for_model(cls, model, n_sink: int, window: int, batch_size: int = 1, dtype=None) -> "SinkKVCache":
+        cfg = model.cfg
+        return cls(cfg.n_layers, batch_size, cfg.n_kv_heads, n_sink, window, cfg.head_dim, model.rope_cos,
+                   model.rope_sin, dtype=dtype or model.dtype, device=model.device, model_cfg=cfg)
+
+    @property
+    def length(self) -> int:
+        """Cache position of the next token: seen until the cache is full, then n_sink + window - 1."""
+        return min(self.seen, self.capacity - 1)
+
+    @length.setter
+    def length(self, value: int) -> None:
+        # Transformer.forward sets length = start_pos + T after the T tokens went in
+        if value < self.length:
+            raise ValueError(f"a sink cache cannot roll back (length {self.length} -> {value}); use reset()")
+        self.seen += value - self.length
+
+    def layer(self, i: int) -> SinkLayerCache:
+        return self._layers[i]
+
+    def reset(self) -> None:
+        self.seen = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes allocated for keys and values: fixed by n_sink + window, however long the stream."""
+        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+
+    def __repr__(self):
+        L, B, Hkv, C, D = self.k.shape
+        return (f"SinkKVCache(layers={L}, batch={B}, kv_heads={Hkv}, n_sink={self.n_sink}, window={self.window}, "
+                f"head_dim={D}, dtype={self.k.dtype}, seen={self.seen}, nbytes={self.nbytes:,})")

@@ -8,7 +8,7 @@ from conftest import random_model
 from helpers.generate import generate
 from helpers.kv_cache import KVCache
 from helpers.model import ModelConfig
-from helpers.sliding_window import RollingKVCache, generate_sliding_window
+from helpers.sliding_window import RollingKVCache, SinkKVCache, generate_sliding_window
 
 CONFIGS = {name: ModelConfig.from_preset("tiny", n_kv_heads=h, max_seq_len=256)
            for name, h in [("mha", 4), ("gqa", 2), ("mqa", 1)]}
@@ -102,3 +102,79 @@ def test_rolling_cache_only_appends():
         model(ids(10), cache=cache, attn_window=8)
         with pytest.raises(ValueError, match="only appends: start_pos must be 10"):
             model(ids(1), cache=cache, start_pos=4, attn_window=8)
+
+
+# --- SinkKVCache: attention sinks plus a rolling window, positions counted inside the cache (StreamingLLM)
+
+def test_sink_cache_without_sinks_is_the_banded_mask():
+    # n_sink=0: every query sees the last `window` tokens at their true distances, as the banded mask does
+    model, window = random_model(CONFIGS["gqa"], seed=9), 16
+    seq = ids(70, seed=5)
+    with torch.no_grad():
+        reference = model(seq, attn_window=window)  # (1, 70, V)
+        cache = SinkKVCache.for_model(model, n_sink=0, window=window)
+        outs = [model(seq[:, :10], cache=cache)] + [model(seq[:, t:t + 1], cache=cache) for t in range(10, 70)]
+    assert cache.seen == 70 and cache.length == window - 1
+    assert torch.allclose(torch.cat(outs, 1), reference, atol=TOL, rtol=0)
+
+
+def test_sink_cache_before_it_is_full_is_ordinary_attention():
+    model = random_model(CONFIGS["mha"], seed=10)
+    seq = ids(24, seed=6)
+    with torch.no_grad():
+        reference = model(seq)
+        cache = SinkKVCache.for_model(model, n_sink=4, window=20)  # holds exactly 24 positions
+        outs = [model(seq[:, :5], cache=cache), model(seq[:, 5:17], cache=cache)]
+        outs += [model(seq[:, t:t + 1], cache=cache) for t in range(17, 24)]
+    assert torch.allclose(torch.cat(outs, 1), reference, atol=TOL, rtol=0)
+
+
+def test_one_layer_sink_cache_sees_the_sinks_then_the_window_at_cache_positions():
+    # with one layer a token's key and value depend only on the token and its position, so the sink
+    # cache at step t must equal a plain pass over [first n_sink tokens] + [last window tokens]
+    cfg = ModelConfig.from_preset("tiny", n_layers=1, max_seq_len=64)
+    model, n_sink, window = random_model(cfg, seed=11), 3, 9
+    seq = ids(150, seed=7)  # more than twice the context window of 64
+    cache = SinkKVCache.for_model(model, n_sink=n_sink, window=window)
+    with torch.no_grad():
+        for t in range(150):
+            got = model(seq[:, t:t + 1], cache=cache)[:, -1]
+            if t >= n_sink + window:
+                kept = torch.cat([seq[:, :n_sink], seq[:, t - window + 1:t + 1]], dim=1)  # (1, n_sink + window)
+                assert torch.allclose(got, model(kept)[:, -1], atol=TOL, rtol=0), t
+    assert cache.seen == 150 and cache.length == n_sink + window - 1
+
+
+def test_sink_cache_runs_past_the_context_window_in_fixed_memory():
+    model = random_model(CONFIGS["mqa"], seed=12)  # max_seq_len 256
+    cache = SinkKVCache.for_model(model, n_sink=4, window=28, batch_size=2)
+    cfg = model.cfg
+    assert cache.nbytes == 2 * cfg.n_layers * 2 * cfg.n_kv_heads * 32 * cfg.head_dim * 4
+    seq = ids(2 * 300).view(2, 300)
+    with torch.no_grad():
+        model(seq[:, :32], cache=cache)
+        for t in range(32, 300):
+            out = model(seq[:, t:t + 1], cache=cache)
+    assert cache.seen == 300 and torch.isfinite(out).all()
+    assert "n_sink=4, window=28" in repr(cache)
+
+
+def test_sink_cache_bad_arguments():
+    model = random_model(CONFIGS["gqa"], seed=13)
+    for kwargs, message in [(dict(n_sink=-1, window=8), "n_sink must be an int >= 0"),
+                            (dict(n_sink=1.0, window=8), "n_sink must be an int >= 0"),
+                            (dict(n_sink=2, window=0), "window must be an int >= 1"),
+                            (dict(n_sink=4, window=253), r"n_sink \+ window must be at most 256")]:
+        with pytest.raises(ValueError, match=message):
+            SinkKVCache.for_model(model, **kwargs)
+    cache = SinkKVCache.for_model(model, n_sink=2, window=6)
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="does not fit the 8 free places"):
+            model(ids(9), cache=cache)
+        model(ids(8), cache=cache)
+        with pytest.raises(ValueError, match="one token at a time once it is full"):
+            model(ids(2), cache=cache)
+        with pytest.raises(ValueError, match="only appends"):
+            model(ids(1), cache=cache, start_pos=3)
+    cache.reset()
+    assert cache.seen == 0 and cache.length == 0
