@@ -86,13 +86,13 @@ def pipeline_greedy_task(rank: int, world_size: int, prompts: list[list[int]], m
     sequence, the wall time, and the bytes this rank sent forward per token."""
     import torch.distributed as dist
 
-    from .checkpoint import load_model
+    from .tensor_parallel import worker_model
 
     if world_size < 2:
         raise ValueError(f"a pipeline needs at least 2 stages (world_size >= 2); got {world_size}")
     if not isinstance(n_in_flight, int) or n_in_flight < 1:
         raise ValueError(f"n_in_flight must be an int >= 1; got {n_in_flight!r}")
-    model, _ = load_model("target", device="cpu", dtype=torch.float32)
+    model = worker_model()
     stage = PipelineStage(model, world_size, rank)
     C = model.cfg.d_model
     prev, nxt = rank - 1, rank + 1

@@ -26,6 +26,7 @@ of fast_decode.py.
 """
 from __future__ import annotations
 
+import functools
 import time
 
 import torch
@@ -298,6 +299,15 @@ def greedy_generate(model, prompt: torch.Tensor, max_new_tokens: int, cache: KVC
 # tasks for workers.WorkerGroup: task(rank, world_size, ...) runs on every rank
 
 
+@functools.lru_cache(maxsize=1)
+def worker_model():
+    """The shipped course model in float32 on the CPU, loaded once per worker process and shared by
+    the tasks it runs (they only read it)."""
+    from .checkpoint import load_model
+
+    return load_model("target", device="cpu", dtype=torch.float32)[0]
+
+
 def _as_numpy(t: torch.Tensor):
     return t.detach().cpu().numpy().copy()  # plain bytes through the result queue, no shared memory
 
@@ -307,11 +317,7 @@ def tp_greedy_task(rank: int, world_size: int, prompt_ids: list[int], max_new_to
     (1) a forward pass over the prompt without a cache (the logits, to compare with one process),
     (2) greedy generation with this rank's KV cache, timing each decode step and logging the bytes
         every all-reduce of the last decode step carried."""
-    from .checkpoint import load_model
-
-    model, _ = load_model("target", device="cpu", dtype=torch.float32)
-    tp = TensorParallelTransformer(model, rank, world_size)
-    del model
+    tp = TensorParallelTransformer(worker_model(), rank, world_size)
     prompt = torch.tensor([prompt_ids], dtype=torch.long)  # (1, T)
     logits = tp(prompt)  # (1, T, V)
     cache = tp.new_cache(max_seq_len=len(prompt_ids) + max_new_tokens)

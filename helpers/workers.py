@@ -96,6 +96,10 @@ def _worker_main(rank, world_size, port, threads, tasks, results, log_path, pare
             results.put((rank, "error", traceback.format_exc()))
         idle_since = time.monotonic()
     dist.destroy_process_group()
+    log.flush()
+    # every result has been received (the parent asked us to stop only after that): skip the slow
+    # interpreter teardown of a process that imported torch
+    os._exit(0)
 
 
 class WorkerGroup:
@@ -215,6 +219,11 @@ class WorkerGroup:
                                       f"rank {waiting}); all workers were killed")
                 continue
             if status == "error":
+                # a rank whose peer died sees "connection closed" inside the collective: name the dead
+                # worker as the cause if there is one (it may take a moment to be reaped)
+                for _ in range(10):
+                    self._check_alive(what)
+                    time.sleep(POLL_S / 2)
                 self._kill_all()
                 raise WorkerError(f"{what} failed on rank {rank}; all workers were stopped. "
                                   f"Its traceback:\n{value}")

@@ -195,8 +195,8 @@ def test_pipeline_matches_one_process(group):
         assert results[0]["bytes_sent_per_decode_token"] == [model.cfg.d_model * 4]
 
 
-def test_clean_shutdown():
-    g = WorkerGroup(world_size=2, timeout_s=240).start()
+def test_clean_shutdown(group):
+    g = group  # runs after the tests above that use it (pytest keeps the file's order)
     pids = g.pids
     assert all(g.alive())
     g.close()
