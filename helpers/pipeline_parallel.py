@@ -83,7 +83,8 @@ def pipeline_greedy_task(rank: int, world_size: int, prompts: list[list[int]], m
     Sequences go through in groups of `n_in_flight`: within a group, each stage handles sequence after
     sequence, so with n_in_flight >= world_size every stage has work while the others do too. With
     n_in_flight = 1 the stages take turns. Returns (on the last stage) the generated tokens per
-    sequence, the wall time, and the bytes this rank sent forward per token."""
+    sequence, the wall time and this process's CPU time (its busy time: a stage waiting for its
+    neighbour uses none), and the bytes this rank sent forward per token."""
     import torch.distributed as dist
 
     from .tensor_parallel import worker_model
@@ -102,7 +103,7 @@ def pipeline_greedy_task(rank: int, world_size: int, prompts: list[list[int]], m
     # while that neighbour blocked sending to it would wait forever. Kept until done: (tensor, handle)
     in_transit = []
     dist.barrier()
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     for g in range(0, len(prompts), n_in_flight):
         group = range(g, min(g + n_in_flight, len(prompts)))
         caches = {i: stage.new_cache(len(prompts[i]) + max_new_tokens) for i in group}
@@ -132,6 +133,6 @@ def pipeline_greedy_task(rank: int, world_size: int, prompts: list[list[int]], m
         for _, handle in in_transit:
             handle.wait()
         in_transit.clear()
-    seconds = time.perf_counter() - t0
-    return {"tokens": tokens if stage.last else None, "seconds": seconds, "layers": list(stage.layer_ids),
-            "bytes_sent_per_decode_token": sorted(set(sent_bytes))}
+    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - cpu0
+    return {"tokens": tokens if stage.last else None, "seconds": seconds, "cpu_seconds": cpu_seconds,
+            "layers": list(stage.layer_ids), "bytes_sent_per_decode_token": sorted(set(sent_bytes))}
