@@ -144,13 +144,18 @@ def _progress(total, show):
 @torch.no_grad()
 def generate(model, prompt, max_new_tokens: int, *, temperature: float = 0.0, sampling: SamplingConfig | None = None,
              generator: torch.Generator | None = None, eos_id: int | None = None, stop_sequences=(),
-             cache: KVCache | None = None, progress: bool = False, stop_criteria=()) -> torch.Tensor:
+             cache: KVCache | None = None, progress: bool = False, stop_criteria=(),
+             logits_processors=()) -> torch.Tensor:
     """Generate up to max_new_tokens after `prompt` with a KV cache. Returns (B, T + n_new) ids.
 
     temperature=0 (the default) is greedy decoding; pass `sampling=SamplingConfig(...)` for more.
     Stops early (batch size 1) at `eos_id` (kept in the output), at the end of a stop sequence, or
     when a stop criterion returns True (the token that triggered it is kept).
+    Each of `logits_processors` is called as proc(ids, logits) -> logits before a token is picked, with ids
+    the (B, T_so_far) prompt + generated ids and logits (B, V) (grammar.py's GrammarProcessor is one).
     """
+    if not all(callable(p) for p in logits_processors):
+        raise ValueError("logits_processors must be callables proc(ids, logits) -> logits")
     prompt, sampling = _setup(model, prompt, max_new_tokens, sampling, temperature, generator)
     B, T = prompt.shape
     stop = _stop_checker(B, eos_id, stop_sequences, stop_criteria)
@@ -177,6 +182,8 @@ def generate(model, prompt, max_new_tokens: int, *, temperature: float = 0.0, sa
     n = 0
     while True:
         previous = out[:, :T + n] if penalised else None
+        for proc in logits_processors:
+            logits = proc(out[:, :T + n], logits)
         tok = next_token(logits, sampling, generator, previous)  # (B, 1)
         out[:, T + n] = tok[:, 0]
         n += 1
