@@ -1,6 +1,6 @@
-"""helpers.grammar: the automaton against Python's `re`, the token masks against a brute-force walk and
-against xgrammar (the same regular expression compiled for the same vocabulary), constrained outputs
-that always parse, and clear errors for grammars that cannot work."""
+"""helpers.regex_automaton and helpers.grammar: the automaton against Python's `re`, the token masks
+against a brute-force walk and against xgrammar (the same regular expression compiled for the same
+vocabulary), constrained outputs that always parse, and clear errors for grammars that cannot work."""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from helpers.generate import generate
-from helpers.grammar import GrammarProcessor, TokenGrammar, compile_regex, json_object_pattern, token_bytes
+from helpers.grammar import GrammarProcessor, TokenGrammar, json_object_pattern, token_bytes
+from helpers.regex_automaton import compile_regex
 from helpers.sampling import SamplingConfig
 
 PATTERNS = [r"ab|b{4}", r"[a-c]+x?", r"(0|[1-9][0-9]*)(\.[0-9]+)?", r'"[ !#-\[\]-~]*"', r"a{2,4}", r"(?:ab)*c",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 
-from ..grammar import compile_regex
+from ..regex_automaton import compile_regex
 from . import exercise
 
 __all__ = ["check_1", "check_2", "check_3"]
