@@ -116,7 +116,8 @@ def generate(model, prompt, max_new_tokens: int, *, temperature: float = 0.0, sa
     when a stop criterion returns True (the token that triggered it is kept).
 
     logits_processors: each `proc(ids, logits) -> logits`, ids the (B, T_so_far) prompt + generated ids,
-                       logits (B, V); applied in order before sampling (penalties and temperature after).
+                       logits (B, V); applied in order before sampling (penalties and temperature after);
+                       grammar.py's GrammarProcessor is one.
     step:              the decode step, `step(model, token (B, 1), cache) -> (B, V) logits`; default
                        decode_one_token. Another step (a compiled one, one for another cache) reuses
                        this loop and all its stop conditions and processors.
