@@ -220,10 +220,11 @@ class WorkerGroup:
                 continue
             if status == "error":
                 # a rank whose peer died sees "connection closed" inside the collective: name the dead
-                # worker as the cause if there is one (it may take a moment to be reaped)
-                for _ in range(10):
+                # worker as the cause if there is one (it may take a moment to be reaped: seconds on a busy machine)
+                reap_deadline = time.monotonic() + 3.0
+                while time.monotonic() < reap_deadline:
                     self._check_alive(what)
-                    time.sleep(POLL_S / 2)
+                    time.sleep(0.05)
                 self._kill_all()
                 raise WorkerError(f"{what} failed on rank {rank}; all workers were stopped. "
                                   f"Its traceback:\n{value}")

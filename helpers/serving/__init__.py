@@ -1,4 +1,5 @@
-"""Serving many requests at once: a continuous-batching engine over a paged KV cache (chapter 13).
+"""Serving many requests at once: a continuous-batching engine over a paged KV cache (chapter 13), and
+an OpenAI-compatible HTTP server over it (chapter 14).
 
     block_pool.py    which KV blocks are free, reference counts, prefix-cache hashes, LRU eviction
     paged_cache.py   the block-structured K/V tensors: write by slot, gather through a block table
@@ -8,6 +9,11 @@
     engine.py        submit / step / cancel / metrics: the API a server is built on
     workload.py      synthetic workloads replayed through sequential, static and continuous serving
     bench.py         python -m helpers.serving.bench: the chapter's targets, measured
+    chat_template.py messages -> one prompt (the minimal template the chat endpoint uses)
+    openai_api.py    OpenAI's request bodies (validated), response objects and error shape
+    server.py        the FastAPI app: one engine thread, streaming, cancellation, a bounded queue
+    launch.py        ServerProcess: python -m helpers.serve in a subprocess, stopped by its PID
+    loadtest.py      a bounded closed-loop load test with per-token client-side timings
 
     from helpers.serving import Engine
     engine = Engine(model, num_blocks=256, block_size=16, max_num_seqs=32, enable_prefix_caching=True)
