@@ -19,6 +19,9 @@ import torch
 from .generate import as_prompt_tensor, generate
 from .sampling import SamplingConfig, filtered_logits
 
+PANEL_FIGSIZE = (8.5, 3.4)  # inches: the chart the panel shows, drawn by plot_view
+PANEL_DPI = 100  # so the chart is always 850 x 340 pixels
+
 
 @dataclass
 class SamplingView:
@@ -87,7 +90,7 @@ def plot_view(view: SamplingView, tok, n_bars: int = 24):
     order = torch.argsort(view.shown_probs, descending=True, stable=True)[:n_bars].tolist()
     kept = set(view.kept)
     labels = [ascii(s)[1:-1].replace(" ", "\u00b7") for s in tok.token_strings(order)]  # ASCII: no missing glyphs
-    fig, ax = plt.subplots(figsize=(8.5, 3.4))
+    fig, ax = plt.subplots(figsize=PANEL_FIGSIZE)
     ax.bar(range(len(order)), [view.shown_probs[i].item() for i in order],
            color=["C0" if i in kept else "lightgray" for i in order], label="kept (before renormalising)")
     ax.scatter([j for j, i in enumerate(order) if i in kept], [view.final_probs[i].item() for i in order if i in kept],
@@ -101,11 +104,35 @@ def plot_view(view: SamplingView, tok, n_bars: int = 24):
     return fig
 
 
+
+
+def _png(fig) -> bytes:
+    """The figure as PNG bytes at the panel's fixed size (no tight bounding box: the pixels never change)."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    fig.set_size_inches(*PANEL_FIGSIZE)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=PANEL_DPI)
+    plt.close(fig)
+    return buf.getvalue()
+
+
 def sampling_panel(model, tok, prompt: str, temperature: float = 0.8, top_p: float = 0.9, top_k: int = 0,
                    seed: int = 0, max_new_tokens: int = 30):
-    """Sliders (temperature, top-p, top-k, seed) redrawing `sampling_view` whenever one is released."""
+    """Sliders (temperature, top-p, top-k, seed) over `sampling_view`: whenever one is released, ONE chart
+    image and one text box are updated in place. Both have fixed sizes, so the panel never changes height
+    and nothing is cleared and redrawn (which JupyterLab's notebook windowing can catch half-way).
+
+    The panel's plain-text form, which a saved notebook keeps, says how to get the sliders."""
+    import html
+
     import ipywidgets as w
-    import matplotlib.pyplot as plt
+
+    class SamplingPanel(w.VBox):
+        def __repr__(self):
+            return "Sampling panel: run the notebook in Jupyter to get the sliders"
 
     style = {"description_width": "90px"}
     layout = w.Layout(width="420px")
@@ -119,11 +146,20 @@ def sampling_panel(model, tok, prompt: str, temperature: float = 0.8, top_p: flo
         seed=w.IntSlider(value=seed, min=0, max=20, step=1, description="seed", continuous_update=False,
                          style=style, layout=layout),
     )
+    width_px, height_px = int(PANEL_FIGSIZE[0] * PANEL_DPI), int(PANEL_FIGSIZE[1] * PANEL_DPI)
+    chart = w.Image(format="png", layout=w.Layout(width=f"{width_px}px", height=f"{height_px}px"))
+    summary = w.HTML(layout=w.Layout(width=f"{width_px}px", height="15em", overflow="auto"))
 
-    def show(temperature, top_p, top_k, seed):
-        view = sampling_view(model, tok, prompt, round(temperature, 4), round(top_p, 4), top_k, seed,
-                             max_new_tokens=max_new_tokens)
-        print(view.summary())
-        plt.show()  # the inline backend displays (and closes) view.figure inside the panel's output area
+    def redraw(_change=None):
+        values = {name: s.value for name, s in sliders.items()}
+        view = sampling_view(model, tok, prompt, round(values["temperature"], 4), round(values["top_p"], 4),
+                             values["top_k"], values["seed"], max_new_tokens=max_new_tokens)
+        chart.value = _png(view.figure)  # the same <img>, new pixels
+        summary.value = f"<pre style='margin: 0'>{html.escape(view.summary())}</pre>"
 
-    return w.interactive(show, **sliders)
+    for s in sliders.values():
+        s.observe(redraw, names="value")
+    redraw()
+    panel = SamplingPanel([w.VBox(list(sliders.values())), chart, summary])
+    panel.add_class("sampling-panel")  # what the browser test looks for
+    return panel

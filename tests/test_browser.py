@@ -4,7 +4,8 @@ Starts JupyterLab on 127.0.0.1 (free port, random token, every Jupyter/IPython d
 on a temp copy of notebooks/09_sampling.ipynb, opens it in Debian's chromium through playwright (the
 browser playwright would download is never used), runs all cells from the Run menu, moves the
 temperature and top-p sliders of the live panel, and checks that the distribution (the chart and its
-summary line) and the sampled text change. Saves a screenshot of the panel as
+summary line) and the sampled text change, and that the panel keeps its height (one chart image
+updated in place), all with JupyterLab's default notebook windowing. Saves a screenshot of the panel as
 figures/09_browser_sampling.png. Every request that is not to 127.0.0.1 is blocked.
 """
 from __future__ import annotations
@@ -65,9 +66,7 @@ def write_settings(root: Path) -> dict:
     (settings / "apputils-extension").mkdir(parents=True)
     (settings / "apputils-extension" / "notification.jupyterlab-settings").write_text(
         json.dumps({"fetchNews": "false", "checkForUpdates": False}))  # no news pop-up over the page
-    (settings / "notebook-extension").mkdir(parents=True)
-    (settings / "notebook-extension" / "tracker.jupyterlab-settings").write_text(
-        json.dumps({"windowingMode": "none"}))  # every cell stays in the DOM
+    # the notebook's windowing is left at JupyterLab's default: the panel must work the way learners see it
     return dirs
 
 
@@ -136,38 +135,70 @@ def prompts(page) -> list[str]:
     return page.locator(".jp-Notebook .jp-CodeCell .jp-InputArea-prompt").all_inner_texts()
 
 
-def run_all_cells(page):
+def run_all_cells(page, base, token):
+    """Run All from the menu; done when the kernel has stayed idle for 3 s and the last cell has a number.
+
+    With JupyterLab's default windowing, cells far from the viewport are not rendered (their prompts read
+    empty), so completion is judged from the kernel's state, not from every prompt."""
     page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+    page.wait_for_timeout(2000)
     deadline = time.monotonic() + RUN_ALL_TIMEOUT_S
+    idle_since = None
     while time.monotonic() < deadline:
         texts = [t.strip() for t in prompts(page)]
-        if texts and all(re.fullmatch(r"\[\d+\]:", t) for t in texts):
-            return len(texts)
+        sessions = [s for s in api(base, token, "/api/sessions")
+                    if NOTEBOOK.name in (s.get("name"), Path(s["path"]).name)]
+        idle = bool(sessions) and sessions[0]["kernel"]["execution_state"] == "idle"
+        if idle and texts and "[*]:" not in texts and re.fullmatch(r"\[\d+\]:", texts[-1]):
+            idle_since = idle_since or time.monotonic()
+            if time.monotonic() - idle_since > 3:
+                return int(texts[-1][1:-2])  # the last cell's execution count
+        else:
+            idle_since = None
         page.wait_for_timeout(1000)
     raise TimeoutError(f"cells still running or unrun after {RUN_ALL_TIMEOUT_S} s: {prompts(page)}")
 
 
-def panel_state(output) -> tuple[str, str]:
-    """(the panel's printed text, the src of its chart image)."""
-    return output.inner_text(), output.locator("img").first.get_attribute("src")
+def scroll_to(page, locator, steps: int = 200):
+    """Scroll the notebook from the top until `locator` is rendered (windowing renders only what is near)."""
+    page.evaluate("document.querySelectorAll('.jp-WindowedPanel-outer').forEach(e => e.scrollTop = 0)")
+    for _ in range(steps):
+        if locator.count() > 0:
+            locator.first.scroll_into_view_if_needed()
+            return
+        page.evaluate("document.querySelectorAll('.jp-WindowedPanel-outer').forEach(e => e.scrollTop += 400)")
+        page.wait_for_timeout(150)
+    raise TimeoutError("the sampling panel was never rendered")
 
 
-def move_slider(page, panel, index: int, key: str, presses: int, expect: str, before: tuple[str, str]):
+def panel_state(panel) -> tuple[str, str]:
+    """(the panel's summary text, the src of its one chart image)."""
+    return panel.locator(".widget-html").inner_text(), panel.locator("img").first.get_attribute("src")
+
+
+def panel_height(panel) -> float:
+    return panel.bounding_box()["height"]
+
+
+def move_slider(page, panel, index: int, key: str, presses: int, expect: str, before: tuple[str, str], height: float):
+    """Press a slider's key; wait for the summary to name the new setting; check the panel kept its height
+    at every poll on the way (the chart is updated in place, never cleared and redrawn)."""
     handle = panel.locator(".noUi-handle[role='slider']").nth(index)
     handle.focus()
     for _ in range(presses):
         handle.press(key)
-    output = panel.locator(".widget-output")
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # the summary line names the new setting once the redraw is done
-        text = output.inner_text()
-        if expect in text and output.locator("img").count() == 1:
-            state = panel_state(output)
+        assert panel.locator("img").count() == 1
+        assert abs(panel_height(panel) - height) < 1, (panel_height(panel), height)
+        text = panel.locator(".widget-html").inner_text()
+        if expect in text:
+            state = panel_state(panel)
             if state != before:
                 return state
-        page.wait_for_timeout(300)
-    raise TimeoutError(f"the panel never showed {expect!r}; it shows {output.inner_text()[:300]!r}")
+        page.wait_for_timeout(200)
+    raise TimeoutError(f"the panel never showed {expect!r}; it shows {panel.inner_text()[:300]!r}")
 
 
 def kept_line(text: str) -> str:
@@ -201,24 +232,25 @@ def test_sampling_panel_in_jupyterlab(jupyterlab):
             page.goto(f"{base}/lab/tree/{NOTEBOOK.name}?token={token}")
             page.locator(".jp-Notebook .jp-CodeCell").first.wait_for(timeout=120_000)
             wait_for_idle_kernel(page, base, token)
-            n_cells = run_all_cells(page)
+            n_cells = run_all_cells(page, base, token)
             assert n_cells > 20
             errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.error']")
             assert errors.count() == 0, errors.first.inner_text()
 
-            panel = page.locator(".widget-interact")
+            panel = page.locator(".sampling-panel")
+            scroll_to(page, panel)
             assert panel.count() == 1
-            panel.scroll_into_view_if_needed()
-            output = panel.locator(".widget-output")
-            output.locator("img").first.wait_for(timeout=60_000)
-            start = panel_state(output)
+            panel.locator("img").first.wait_for(timeout=60_000)
+            start = panel_state(panel)
             assert "temperature=0.80  top_p=0.90" in start[0]
+            height = panel_height(panel)
+            assert panel.locator("img").first.bounding_box()["height"] == pytest.approx(340, abs=1)  # fixed size
 
-            # temperature 0.80 -> 1.20 (step 0.05), then top-p 0.90 -> 0.50
-            hot = move_slider(page, panel, 0, "ArrowRight", 8, "temperature=1.20  top_p=0.90", start)
+            # temperature 0.80 -> 1.20 (step 0.05), then top-p 0.90 -> 0.50; the height never moves
+            hot = move_slider(page, panel, 0, "ArrowRight", 8, "temperature=1.20  top_p=0.90", start, height)
             assert hot[1] != start[1]  # the chart was redrawn
             assert kept_line(hot[0]) != kept_line(start[0])  # the kept set and its probabilities changed
-            cut = move_slider(page, panel, 1, "ArrowLeft", 8, "temperature=1.20  top_p=0.50", hot)
+            cut = move_slider(page, panel, 1, "ArrowLeft", 8, "temperature=1.20  top_p=0.50", hot, height)
             assert cut[1] != hot[1]
             assert kept_line(cut[0]) != kept_line(hot[0])
             assert continuation(cut[0]) != continuation(start[0])  # and a different text was sampled
