@@ -6,7 +6,8 @@ browser playwright would download is never used), runs all cells from the Run me
 temperature and top-p sliders of the live panel, and checks that the distribution (the chart and its
 summary line) and the sampled text change, and that the panel keeps its height (one chart image
 updated in place), all with JupyterLab's default notebook windowing. Saves a screenshot of the panel as
-figures/09_browser_sampling.png. Every request that is not to 127.0.0.1 is blocked.
+09_browser_sampling.png where the figures go (LLM_COURSE_FIGURES: a temp folder in the test suite, so the
+test leaves the git tree clean). Every request that is not to 127.0.0.1 is blocked.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOK = REPO / "notebooks" / "09_sampling.ipynb"
-SCREENSHOT = REPO / "figures" / "09_browser_sampling.png"
+SCREENSHOT = Path(os.environ.get("LLM_COURSE_FIGURES") or REPO / ".cache" / "figures") / "09_browser_sampling.png"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 RUN_ALL_TIMEOUT_S = 420  # the notebook takes well under a minute on a quiet machine; shared CI machines are not quiet
@@ -254,6 +255,7 @@ def test_sampling_panel_in_jupyterlab(jupyterlab):
             assert cut[1] != hot[1]
             assert kept_line(cut[0]) != kept_line(hot[0])
             assert continuation(cut[0]) != continuation(start[0])  # and a different text was sampled
+            SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
             panel.screenshot(path=str(SCREENSHOT))
         finally:
             browser.close()

@@ -16,7 +16,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-NOT_FROM_NOTEBOOKS = ("bench_", "09_browser_")
+NOT_FROM_NOTEBOOKS = ("bench_",)
 SAVED = re.compile(r"save_figure\([^\n]*?,\s*[\"']([\w.-]+)[\"']")
 
 
