@@ -99,7 +99,7 @@ class FastGenerator:
             step = torch.compile(self._eager_step, mode=mode, fullgraph=True, dynamic=False, options=options)
         self.mode = mode
         self._step = step
-        self._want_compile = step is not self._eager_step
+        self._want_compile = compile and compile_available()  # (bound methods are new objects: never test `is`)
 
     def _compile_key(self) -> str:
         """What decides the generated code: model shapes, buffer size, batch, dtype, device, options, torch."""
@@ -132,6 +132,8 @@ class FastGenerator:
         if self._want_compile and not self.compiled:
             token = torch.zeros(self.cache.batch_size, 1, dtype=torch.long, device=self.model.device)
             pos = torch.zeros(1, dtype=torch.long, device=self.model.device)
+            # the warm-up steps write slot 0 of the cache: keep what is there, so warming up has no side effect
+            saved = self.cache.k[:, :, :, :1].clone(), self.cache.v[:, :, :, :1].clone()
             _, misses = _inductor_cache_counts()
             t0 = time.perf_counter()
             try:
@@ -150,7 +152,8 @@ class FastGenerator:
                 self.compile_source = "compiled cold" if cold else "compiled from the on-disk cache"
                 if cold:
                     self._remember_cold_compile()
-            self.cache.reset()
+            self.cache.k[:, :, :, :1] = saved[0]
+            self.cache.v[:, :, :, :1] = saved[1]
         return self.compile_seconds
 
     def _remember_cold_compile(self) -> None:

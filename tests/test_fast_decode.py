@@ -108,11 +108,16 @@ def test_compile_source_and_public_step(model):
     # the public step: the same logits as the eager static path, to float rounding
     idx = torch.randint(0, CFG.vocab_size, (1, 12), generator=torch.Generator().manual_seed(1))
     eager = FastGenerator(model, max_seq_len=64, compile=False)
-    for gen in (again, eager):
+    fresh = FastGenerator(model, max_seq_len=64)  # not warmed up yet: step() compiles first
+    for gen in (again, eager, fresh):
         prefill(model, idx[:, :8], gen.cache)
+    with torch.no_grad():
+        full = model(idx)[0]  # (12, V)
     for t in range(8, 12):
         pos = torch.tensor([t])
-        assert torch.allclose(again.step(idx[:, t:t + 1], pos), eager.step(idx[:, t:t + 1], pos), atol=1e-5, rtol=0)
+        for gen in (again, eager, fresh):  # warming up inside step() must not disturb the prefilled cache
+            assert torch.allclose(gen.step(idx[:, t:t + 1], pos)[0], full[t], atol=1e-5, rtol=0)
+    assert not eager.compiled and fresh.compiled
 
 
 def test_not_compiled_says_why(model, monkeypatch):
