@@ -422,6 +422,7 @@ def rows_llama_cpp(model, tok, n_new: int, repeats: int, fast, progress) -> tupl
         import llama_cpp
     except ImportError:
         return [], "llama.cpp rows skipped: llama-cpp-python is not installed (pip install -r requirements-ci.txt)"
+    import copy
     import tempfile
     from pathlib import Path
 
@@ -430,10 +431,10 @@ def rows_llama_cpp(model, tok, n_new: int, repeats: int, fast, progress) -> tupl
     prompt_ids = tok.encode("def main():\n", bos=True)
     prompt = torch.tensor([prompt_ids], device=model.device)
     rows = []
+    cpu_model = model if model.device.type == "cpu" else copy.deepcopy(model).to("cpu", torch.float32)
     with tempfile.TemporaryDirectory() as tmp:
         for file_type in ("f32", "f16"):
-            path = write_gguf(model.float().cpu() if model.device.type != "cpu" else model, tok,
-                              Path(tmp) / f"target-{file_type}.gguf", file_type)
+            path = write_gguf(cpu_model, tok, Path(tmp) / f"target-{file_type}.gguf", file_type)
             llm = llama_cpp.Llama(model_path=str(path), n_ctx=len(prompt_ids) + n_new + 8,
                                   n_threads=torch.get_num_threads(), n_threads_batch=torch.get_num_threads(),
                                   verbose=False)
