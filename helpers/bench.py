@@ -11,6 +11,11 @@ It is a benchmark, not a test: nothing here fails on a slow machine.
 Writes figures/bench_summary.png (ratios against their targets) and figures/bench_cache_latency.png
 (per-token time against position, with and without the KV cache), and figures/bench_results.json.
 
+Rows for chapter 07: what each lever of the compiled step buys (inductor's C++ wrapper, the buffer sized
+to the generation, prefill's share of the time), the compiled step against its roofline ceiling, bf16
+against fp32, and llama.cpp on the same weights (GGUF f32 and f16) when llama-cpp-python is installed
+(requirements-ci.txt; it builds llama.cpp from source).
+
 Out of scope: multi-request serving throughput.
 """
 from __future__ import annotations
@@ -325,6 +330,135 @@ def rows_speculative(target, draft, tok, n_new: int, repeats: int, progress) -> 
     return rows
 
 
+def rows_compile_levers(model, tok, n_new: int, repeats: int, fast, progress) -> list[Row]:
+    """What each lever of the compiled step buys, each against the plain compiled step (buffer sized to
+    the generation) in the same run: inductor's C++ wrapper, a buffer of the whole context window, and
+    the share of a generation that the (eager) prefill takes: compiling prefill can save at most that."""
+    from .fast_decode import FastGenerator
+    from .generate import prefill
+    from .kv_cache import KVCache
+
+    prompt = torch.tensor([tok.encode("def main():\n", bos=True)], device=model.device)
+    S = fast.cache.max_seq_len
+
+    def plain():
+        return fast.generate(prompt, n_new)
+
+    ref = plain()
+    rows = []
+    for label, cand in [("inductor cpp_wrapper", FastGenerator(model, max_seq_len=S, cpp_wrapper=True)),
+                        (f"buffer {model.cfg.max_seq_len} (whole window)",
+                         FastGenerator(model, max_seq_len=model.cfg.max_seq_len))]:
+        secs = cand.warmup()
+        same = torch.equal(cand.generate(prompt, n_new), ref)
+        tb, tc = interleaved(plain, lambda cand=cand: cand.generate(prompt, n_new), model.device, repeats)
+        progress()
+        rows.append(Row(f"compiled: {label} vs buffer {S}", f"buffer {S}", label, _ratios(tb, tc),
+                        f"{statistics.median(tb) / n_new * 1e3:.2f} ms/token",
+                        f"{statistics.median(tc) / n_new * 1e3:.2f} ms/token", same_output=same,
+                        note=f"{cand.compile_source} in {secs:.0f} s"))
+    cache = KVCache.for_model(model, max_seq_len=S)
+    tp, tg = interleaved(lambda: prefill(model, prompt, cache), plain, model.device, repeats)
+    rows.append(Row(f"eager prefill ({prompt.shape[1]} tokens) / compiled generation", "generation", "prefill",
+                    [p / g for p, g in zip(tp, tg)], f"{statistics.median(tg) * 1e3:.0f} ms",
+                    f"{statistics.median(tp) * 1e3:.2f} ms",
+                    note="fraction, not speedup: the most that compiling prefill could save"))
+    return rows
+
+
+def row_compiled_vs_limit(model, tok, n_new: int, repeats: int, fast, progress) -> Row:
+    """The compiled step against the roofline ceiling for this model on this machine: max(bytes per token /
+    measured copy bandwidth, FLOPs per token / measured peak). Ratio = ceiling / measured (1 = at the limit)."""
+    from .flops import forward_bytes, forward_flops
+    from .roofline import measure_copy_bandwidth, measure_matmul_flops, roofline_time
+
+    cfg, device = model.cfg, model.device
+    elem = model.embed.weight.element_size()
+    prompt = torch.tensor([tok.encode("def main():\n", bos=True)], device=device)
+    n_past = prompt.shape[1] + n_new // 2  # the average position of a generated token
+    step_bytes = forward_bytes(cfg, 1, n_past, bytes_per_weight=elem, bytes_per_kv=elem)
+    step_flops = forward_flops(cfg, 1, n_past)
+    ratios, measured, limits = [], [], []
+    for _ in range(repeats):
+        bw = measure_copy_bandwidth(device).per_second
+        peak = measure_matmul_flops(device, repeats=3).per_second
+        per_token = _timed(lambda: fast.generate(prompt, n_new), device) / n_new
+        limit = roofline_time(step_flops, step_bytes, peak, bw)
+        ratios.append(limit / per_token)
+        measured.append(per_token)
+        limits.append(limit)
+    progress()
+    return Row("compiled step vs its roofline ceiling", "ceiling", "compiled", ratios,
+               f"{statistics.median(limits) * 1e3:.2f} ms ceiling", f"{statistics.median(measured) * 1e3:.2f} ms/token",
+               target=round(1 / 1.5, 2), note=f"{step_bytes / 1e6:.1f} MB/token; fraction of the limit reached")
+
+
+def rows_precision(model, big, repeats: int, progress) -> list[Row]:
+    """bf16 weights and activations against fp32, batch-1 eager decode step, on the course model and on the
+    memory-bound random-weight model (the quality change is measured in chapter 07)."""
+    import copy
+
+    rows = []
+    if model.dtype != torch.float32:
+        return rows
+    for label, m in [("course model", model), (f"{big.num_parameters() / 1e6:.0f}M random weights", big)]:
+        low = copy.deepcopy(m).to(torch.bfloat16)
+        tb, tc = [], []
+        for _ in range(repeats):
+            tb.append(decode_step_seconds(m))
+            tc.append(decode_step_seconds(low))
+        progress()
+        rows.append(Row(f"bf16 vs fp32 decode step, {label}", "fp32", "bf16", _ratios(tb, tc),
+                        f"{statistics.median(tb) * 1e3:.2f} ms", f"{statistics.median(tc) * 1e3:.2f} ms",
+                        note=f"CPU capability {torch.backends.cpu.get_cpu_capability()}: the kernels decide"))
+        del low
+    return rows
+
+
+def rows_llama_cpp(model, tok, n_new: int, repeats: int, fast, progress) -> tuple[list[Row], str]:
+    """llama.cpp (through llama-cpp-python) on the same weights exported to GGUF f32, against the compiled
+    step; same prompt, same number of greedy tokens, same thread count."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return [], "llama.cpp rows skipped: llama-cpp-python is not installed (pip install -r requirements-ci.txt)"
+    import copy
+    import tempfile
+    from pathlib import Path
+
+    from .export_gguf import write_gguf
+
+    prompt_ids = tok.encode("def main():\n", bos=True)
+    prompt = torch.tensor([prompt_ids], device=model.device)
+    rows = []
+    cpu_model = model if model.device.type == "cpu" else copy.deepcopy(model).to("cpu", torch.float32)
+    with tempfile.TemporaryDirectory() as tmp:
+        for file_type in ("f32", "f16"):
+            path = write_gguf(cpu_model, tok, Path(tmp) / f"target-{file_type}.gguf", file_type)
+            llm = llama_cpp.Llama(model_path=str(path), n_ctx=len(prompt_ids) + n_new + 8,
+                                  n_threads=torch.get_num_threads(), n_threads_batch=torch.get_num_threads(),
+                                  verbose=False)
+
+            def theirs(llm=llm):
+                out = []
+                for t in llm.generate(prompt_ids, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0, reset=True):
+                    out.append(t)
+                    if len(out) == n_new:
+                        break
+                return out
+
+            same = theirs() == fast.generate(prompt, n_new)[0, len(prompt_ids):].tolist()
+            tb, tc = interleaved(theirs, lambda: fast.generate(prompt, n_new), model.device, repeats)
+            progress()
+            rows.append(Row(f"helpers compiled step vs llama.cpp {file_type}", f"llama.cpp {file_type}",
+                            "compiled step", _ratios(tb, tc), f"{n_new / statistics.median(tb):.0f} tok/s",
+                            f"{n_new / statistics.median(tc):.0f} tok/s",
+                            target=round(1 / 1.5, 2) if file_type == "f32" else None,
+                            same_output=same, note=f"llama-cpp-python {llama_cpp.__version__}, same GGUF weights"))
+            del llm
+    return rows, ""
+
+
 # ---- report -----------------------------------------------------------------------------------
 def plot(rows: list[Row], curves: dict | None, device_name: str) -> None:
     import matplotlib
@@ -390,7 +524,8 @@ def main(argv=None):
     big = random_model(args.big_preset, device, dtype)
 
     n_quant = 3 if device.type == "cpu" else 2
-    steps = (0 if args.no_compile else 1) + cache_repeats + (1 if args.no_compile else 2) + 3 + n_quant + repeats
+    steps = (0 if args.no_compile else 1 + 3 + 1 + 2) + cache_repeats + (1 if args.no_compile else 2) + 2 + 3 + \
+        n_quant + repeats
     bar = progress_bar(total=steps, desc="bench", unit="run")
     fast = None
     compile_note = "compile skipped"
@@ -405,6 +540,13 @@ def main(argv=None):
     row, curves = row_cache_vs_recompute(model, tok, n_cache, cache_repeats, lambda: bar.update(1))
     rows.append(row)
     rows += row_vs_transformers(model, tok, n_hf, repeats, fast, lambda: bar.update(1))
+    llama_note = ""
+    if fast is not None:
+        rows += rows_compile_levers(model, tok, n_hf, repeats, fast, lambda: bar.update(1))
+        rows.append(row_compiled_vs_limit(model, tok, n_hf, repeats, fast, lambda: bar.update(1)))
+        llama_rows, llama_note = rows_llama_cpp(model, tok, n_hf, repeats, fast, lambda: bar.update(1))
+        rows += llama_rows
+    rows += rows_precision(model, big, 3 if quick else 5, lambda: bar.update(1))
     rows += rows_speculative(model, draft, tok, n_spec, 2 if quick else 3, lambda: bar.update(1))
     rows += rows_quantized(big, 3 if quick else 5, lambda: bar.update(1))
     rows.append(row_decode_bandwidth(big, repeats, lambda: bar.update(1)))
@@ -417,6 +559,8 @@ def main(argv=None):
     for r in rows:
         print(r.line())
     print(f"quantization quality, {quality}")
+    if llama_note:
+        print(llama_note)
     FIGURES.mkdir(parents=True, exist_ok=True)
     plot(rows, curves, name)
     results = {"device": name, "torch": torch.__version__, "dtype": str(dtype), "quick": quick,

@@ -20,10 +20,20 @@ Tokens are the same as `generate`'s (the tests check greedy equality); logits ag
 since compiled kernels add in a different order. If compilation is impossible (no C++ compiler, an
 unsupported platform) it warns once and runs the same static step eagerly.
 
+Compiling is slow once: the generated code is cached on disk (TORCHINDUCTOR_CACHE_DIR, .cache/inductor
+in this repo), and a later process with the same model shapes loads it in a few seconds. `warmup()`
+says which happened (`compile_source`), and the seconds a cold compile took are kept in a small record
+beside the cache (`cold_compile_seconds`), so a run from the cache can still report them.
+
+`cpp_wrapper=True` asks inductor to drive its kernels from generated C++ instead of generated Python
+(chapter 07 and `python -m helpers.bench` measure what it buys on a CPU).
+
 Out of scope: batching requests of different lengths; speculative decoding (speculative.py).
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import time
 import warnings
@@ -45,16 +55,39 @@ def compile_available() -> bool:
     return shutil.which(os.environ.get("CXX", "g++")) is not None or shutil.which("c++") is not None
 
 
+def _cold_compile_record() -> str:
+    return os.path.join(os.environ.get("TORCHINDUCTOR_CACHE_DIR", _REPO_CACHE), "fast_decode_cold_compiles.json")
+
+
+def _read_cold_compiles() -> dict:
+    try:
+        with open(_cold_compile_record()) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def _inductor_cache_counts() -> tuple[int, int]:
+    from torch._dynamo.utils import counters
+
+    return counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
+
+
 class FastGenerator:
     """A KV cache plus a decode step compiled for it. Reuse one instance for many generations."""
 
     def __init__(self, model, batch_size: int = 1, max_seq_len: int | None = None, compile: bool = True,
-                 mode: str | None = None):
+                 mode: str | None = None, cpp_wrapper: bool = False):
         self.model = model.eval()
         self.cache = KVCache.for_model(model, batch_size=batch_size, max_seq_len=max_seq_len)
         self.compile_seconds = 0.0
         self.compiled = False
+        self.compile_source = "not compiled (compile=False)"
+        self.cpp_wrapper = cpp_wrapper
         step = self._eager_step
+        if compile and not compile_available():
+            self.compile_source = "not compiled: no C++ compiler found, the static step runs eagerly"
+            warnings.warn("torch.compile needs a C++ compiler on a CPU and none was found; decoding eagerly")
         if compile and compile_available():
             os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", _REPO_CACHE)
             if mode is None and model.device.type == "cuda":
@@ -62,9 +95,33 @@ class FastGenerator:
                 # the cache is written in place every step; tell the graph machinery its address never changes
                 torch._dynamo.mark_static_address(self.cache.k)
                 torch._dynamo.mark_static_address(self.cache.v)
-            step = torch.compile(self._eager_step, mode=mode, fullgraph=True, dynamic=False)
+            options = {"cpp_wrapper": True} if cpp_wrapper else None
+            step = torch.compile(self._eager_step, mode=mode, fullgraph=True, dynamic=False, options=options)
+        self.mode = mode
         self._step = step
-        self._want_compile = step is not self._eager_step
+        self._want_compile = compile and compile_available()  # (bound methods are new objects: never test `is`)
+
+    def _compile_key(self) -> str:
+        """What decides the generated code: model shapes, buffer size, batch, dtype, device, options, torch."""
+        m = self.model
+        what = (f"{m.cfg.to_dict()} B={self.cache.batch_size} S={self.cache.max_seq_len} {m.dtype} {m.device.type} "
+                f"mode={self.mode} cpp_wrapper={self.cpp_wrapper} torch={torch.__version__}")
+        return hashlib.sha256(what.encode()).hexdigest()[:16]
+
+    @property
+    def cold_compile_seconds(self) -> float | None:
+        """Seconds the cold compile of this very step took (on this machine, whenever it filled the cache)."""
+        return _read_cold_compiles().get(self._compile_key())
+
+    @torch.no_grad()
+    def step(self, token: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+        """One decode step (compiled if it could be): token (B, 1) at position input_pos (1,) -> logits (B, V).
+        Writes that position's K/V into this generator's cache; the caller tracks positions."""
+        self.warmup()
+        logits = self._step(token, input_pos)
+        if self.model.device.type == "cuda" and self._want_compile:
+            logits = logits.clone()  # a CUDA-graph output is overwritten by the next replay
+        return logits
 
     @torch.no_grad()
     def _eager_step(self, token, input_pos):
@@ -75,6 +132,9 @@ class FastGenerator:
         if self._want_compile and not self.compiled:
             token = torch.zeros(self.cache.batch_size, 1, dtype=torch.long, device=self.model.device)
             pos = torch.zeros(1, dtype=torch.long, device=self.model.device)
+            # the warm-up steps write slot 0 of the cache: keep what is there, so warming up has no side effect
+            saved = self.cache.k[:, :, :, :1].clone(), self.cache.v[:, :, :, :1].clone()
+            _, misses = _inductor_cache_counts()
             t0 = time.perf_counter()
             try:
                 for _ in range(2):  # CUDA graphs record on a later call than the first
@@ -85,9 +145,26 @@ class FastGenerator:
                 warnings.warn(f"torch.compile failed ({type(e).__name__}: {str(e)[:200]}); decoding eagerly")
                 self._step = self._eager_step
                 self._want_compile = False
+                self.compile_source = f"not compiled: torch.compile failed ({type(e).__name__}), running eagerly"
             self.compile_seconds = time.perf_counter() - t0
-            self.cache.reset()
+            if self.compiled:
+                cold = _inductor_cache_counts()[1] > misses
+                self.compile_source = "compiled cold" if cold else "compiled from the on-disk cache"
+                if cold:
+                    self._remember_cold_compile()
+            self.cache.k[:, :, :, :1] = saved[0]
+            self.cache.v[:, :, :, :1] = saved[1]
         return self.compile_seconds
+
+    def _remember_cold_compile(self) -> None:
+        record = _read_cold_compiles()
+        record[self._compile_key()] = round(self.compile_seconds, 1)
+        try:
+            os.makedirs(os.path.dirname(_cold_compile_record()), exist_ok=True)
+            with open(_cold_compile_record(), "w") as f:
+                json.dump(record, f, indent=1)
+        except OSError:
+            pass  # a read-only cache folder: nothing to remember, nothing lost
 
     @torch.no_grad()
     def generate(self, prompt, max_new_tokens: int, *, temperature: float = 0.0,

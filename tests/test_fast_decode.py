@@ -92,3 +92,38 @@ def test_cuda_graph_decode_equals_eager_on_gpu():
     eager = FastGenerator(model, compile=False).generate(prompt, 100)
     assert torch.equal(fast.generate(prompt, 100), eager)
     assert torch.equal(fast.generate(prompt, 100), eager)  # replays reuse the cache correctly
+
+
+@pytest.mark.skipif(not compile_available(), reason="torch.compile needs a C++ compiler on the CPU")
+def test_compile_source_and_public_step(model):
+    first = FastGenerator(model, max_seq_len=64)
+    first.warmup()
+    assert first.compile_source in ("compiled cold", "compiled from the on-disk cache")
+    if first.compile_source == "compiled cold":
+        assert first.cold_compile_seconds == round(first.compile_seconds, 1)
+    again = FastGenerator(model, max_seq_len=64)  # the same shapes: the generated code is found in the cache
+    again.warmup()
+    assert again.compile_source == "compiled from the on-disk cache"
+    assert again.cold_compile_seconds == first.cold_compile_seconds  # one record per step's shapes
+    # the public step: the same logits as the eager static path, to float rounding
+    idx = torch.randint(0, CFG.vocab_size, (1, 12), generator=torch.Generator().manual_seed(1))
+    eager = FastGenerator(model, max_seq_len=64, compile=False)
+    fresh = FastGenerator(model, max_seq_len=64)  # not warmed up yet: step() compiles first
+    for gen in (again, eager, fresh):
+        prefill(model, idx[:, :8], gen.cache)
+    with torch.no_grad():
+        full = model(idx)[0]  # (12, V)
+    for t in range(8, 12):
+        pos = torch.tensor([t])
+        for gen in (again, eager, fresh):  # warming up inside step() must not disturb the prefilled cache
+            assert torch.allclose(gen.step(idx[:, t:t + 1], pos)[0], full[t], atol=1e-5, rtol=0)
+    assert not eager.compiled and fresh.compiled
+
+
+def test_not_compiled_says_why(model, monkeypatch):
+    assert FastGenerator(model, compile=False).compile_source == "not compiled (compile=False)"
+    monkeypatch.setattr(fast_decode, "compile_available", lambda: False)
+    with pytest.warns(UserWarning, match="no C\\+\\+ compiler|none was found"):
+        fast = FastGenerator(model, compile=True)
+    assert fast.compile_source.startswith("not compiled: no C++ compiler")
+    assert torch.equal(fast.generate([1, 2], 10), generate(model, [1, 2], 10))
