@@ -8,15 +8,16 @@ reports the median ratio with its min-max over the repeats, the absolute medians
 target the course set for it. Tokens are compared too: a speedup that changes the output is a bug.
 It is a benchmark, not a test: nothing here fails on a slow machine.
 
-Writes figures/bench_summary.png (ratios against their targets) and figures/bench_cache_latency.png
-(per-token time against position, with and without the KV cache), and figures/bench_results.json.
+Writes bench_summary.png (ratios against their targets), bench_cache_latency.png (per-token time
+against position, with and without the KV cache) and bench_results.json into .cache/figures/
+(LLM_COURSE_FIGURES=figures to refresh the committed ones). BENCHMARKS.md holds the last full run.
 
 Rows for chapter 07: what each lever of the compiled step buys (inductor's C++ wrapper, the buffer sized
 to the generation, prefill's share of the time), the compiled step against its roofline ceiling, bf16
 against fp32, and llama.cpp on the same weights (GGUF f32 and f16) when llama-cpp-python is installed
-(requirements-ci.txt; it builds llama.cpp from source).
-
-Out of scope: multi-request serving throughput.
+(`pip install llama-cpp-python`: it builds llama.cpp from source, tens of minutes on 2 cores; not yet
+part of CI). Rows for chapter 13 come from helpers/serving/bench.py (continuous vs sequential and
+static batching, KV utilisation, prefix caching, chunked prefill).
 """
 from __future__ import annotations
 
@@ -421,7 +422,7 @@ def rows_llama_cpp(model, tok, n_new: int, repeats: int, fast, progress) -> tupl
     try:
         import llama_cpp
     except ImportError:
-        return [], "llama.cpp rows skipped: llama-cpp-python is not installed (pip install -r requirements-ci.txt)"
+        return [], "llama.cpp rows skipped: llama-cpp-python is not installed (pip install llama-cpp-python)"
     import copy
     import tempfile
     from pathlib import Path
@@ -550,6 +551,9 @@ def main(argv=None):
     rows += rows_speculative(model, draft, tok, n_spec, 2 if quick else 3, lambda: bar.update(1))
     rows += rows_quantized(big, 3 if quick else 5, lambda: bar.update(1))
     rows.append(row_decode_bandwidth(big, repeats, lambda: bar.update(1)))
+    from .serving.bench import serving_rows  # chapter 13's targets: many requests at once
+
+    rows += [Row(**d) for d in serving_rows(model, tok, quick)]
     bar.close()
     quality = quantized_quality(model, tok, n_windows=4 if quick else 12)
 

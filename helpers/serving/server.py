@@ -46,8 +46,17 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ..sampling import SamplingConfig
 from ..stopping import TextStop, cut_at_stop_string
 from .chat_template import TURN_STOP, render_chat
-from .openai_api import (APIError, ChatCompletionRequest, CompletionRequest, SamplingParams, chat_object,
-                         completion_object, error_body, new_id, usage)
+from .openai_api import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingParams,
+    chat_object,
+    completion_object,
+    error_body,
+    new_id,
+    usage,
+)
 
 MODEL_NAME = "course-target"
 
