@@ -15,6 +15,8 @@ they accept are in helpers/serving/server.py and openai_api.py.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 
 def main(argv=None) -> None:
@@ -37,6 +39,10 @@ def main(argv=None) -> None:
     from .serving.server import create_app
 
     torch.set_num_threads(args.threads)
+    # The engine thread and the HTTP event loop share the GIL. By default a thread waiting for it may
+    # wait 5 ms before the holder is asked to let go, once per hand-over: several times per token. A
+    # shorter interval lets the event loop answer between the engine's Python steps.
+    sys.setswitchinterval(float(os.environ.get("LLM_COURSE_SWITCH_INTERVAL", "0.0005")))
     model, tok = load_model("target", device=args.device)
     app = create_app(model, tok, num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,
                      max_pending=args.max_pending, enable_prefix_caching=not args.no_prefix_caching)

@@ -63,9 +63,14 @@ async def _one(http, url: str, body: dict, timeout: float) -> RequestRecord:
 
 
 def run_load(base_url: str, prompts: list[str], concurrency: int, n_requests: int, max_tokens: int,
-             temperature: float = 0.0, request_timeout: float = 30.0, model: str = "course-target"
-             ) -> tuple[list[RequestRecord], float]:
-    """Returns (records, wall seconds). Request i uses prompts[i % len(prompts)] and seed i."""
+             temperature: float = 0.0, request_timeout: float = 30.0, model: str = "course-target",
+             logprobs: bool = False) -> tuple[list[RequestRecord], float]:
+    """Returns (records, wall seconds). Request i uses prompts[i % len(prompts)] and seed i.
+
+    logprobs=True asks for every token's log-probability, so each token arrives in its own chunk and
+    `token_times` has one entry per token (a check that none is lost); it also makes the engine sample
+    each request on its own. Without it each streamed piece of text is timed, and the server's usage
+    report counts the tokens."""
     import httpx
 
     async def main():
@@ -77,8 +82,10 @@ def run_load(base_url: str, prompts: list[str], concurrency: int, n_requests: in
                 while queue:
                     i = queue.pop(0)
                     body = {"model": model, "prompt": prompts[i % len(prompts)], "max_tokens": max_tokens,
-                            "temperature": temperature, "seed": i, "stream": True, "logprobs": 0,
+                            "temperature": temperature, "seed": i, "stream": True,
                             "stream_options": {"include_usage": True}, "extensions": {"ignore_eos": True}}
+                    if logprobs:
+                        body["logprobs"] = 0
                     records.append(await _one(http, base_url + "/completions", body, request_timeout))
             t0 = time.perf_counter()
             await asyncio.gather(*(client() for _ in range(concurrency)))
