@@ -19,7 +19,7 @@ Out of scope: dropout, biases, mixture-of-experts, multi-GPU.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 
 import torch
 import torch.nn as nn
@@ -54,6 +54,18 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    def __repr__(self) -> str:
+        """The dataclass repr, wrapped at 100 columns so a notebook prints it without breaking a number."""
+        items = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)]
+        lines, line = [], "ModelConfig("
+        for i, item in enumerate(items):
+            piece = item + (")" if i == len(items) - 1 else ", ")
+            if len(line) + len(piece.rstrip()) > 100:
+                lines.append(line.rstrip())
+                line = " " * len("ModelConfig(")
+            line += piece
+        return "\n".join(lines + [line])
 
     def to_dict(self) -> dict:
         return asdict(self)
