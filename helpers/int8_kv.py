@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .kv_cache import _is_int
+from .kv_cache import PositionalCache, check_cache_size
 
 QMAX = 127  # symmetric int8: -127..127, so that the code of -max|x| is exact too
 
@@ -51,8 +51,9 @@ class Int8LayerCache:
         return k, v
 
 
-class Int8KVCache:
-    """Duck-types KVCache (kv_cache.py) for `Transformer.forward`: same length/truncate/reset/layer.
+class Int8KVCache(PositionalCache):
+    """A KVCache (kv_cache.py) for `Transformer.forward` whose slots hold int8 codes: it shares length,
+    truncate, reset and layer with KVCache through PositionalCache.
 
     `k` and `v` are the dequantized keys and values, computed afresh on every read (for inspection and
     for `check_cache`, not for speed). The stored bytes are k_codes/v_codes and k_scale/v_scale.
@@ -74,12 +75,7 @@ class Int8KVCache:
     @classmethod
     def for_model(cls, model, batch_size: int = 1, max_seq_len: int | None = None) -> "Int8KVCache":
         cfg = model.cfg
-        max_seq_len = cfg.max_seq_len if max_seq_len is None else max_seq_len
-        if not _is_int(max_seq_len) or not 1 <= max_seq_len <= cfg.max_seq_len:
-            raise ValueError(f"max_seq_len must be in [1, {cfg.max_seq_len}] (the model's context window); "
-                             f"got {max_seq_len!r}")
-        if not _is_int(batch_size) or batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1; got {batch_size!r}")
+        max_seq_len = check_cache_size(cfg, batch_size, max_seq_len)
         return cls(cfg.n_layers, batch_size, cfg.n_kv_heads, max_seq_len, cfg.head_dim, dtype=model.dtype,
                    device=model.device, model_cfg=cfg)
 
@@ -90,17 +86,6 @@ class Int8KVCache:
     @property
     def v(self) -> torch.Tensor:
         return dequantize(self.v_codes, self.v_scale, self.dtype)
-
-    def layer(self, i: int) -> Int8LayerCache:
-        return self._layers[i]
-
-    def truncate(self, length: int) -> None:
-        if not 0 <= length <= self.length:
-            raise ValueError(f"length must be in [0, {self.length}]; got {length}")
-        self.length = length
-
-    def reset(self) -> None:
-        self.length = 0
 
     @property
     def nbytes(self) -> int:

@@ -68,7 +68,38 @@ def check_cache(cache, model) -> None:
                          f"build its cache with KVCache.for_model(model, ...)")
 
 
-class KVCache:
+def check_cache_size(cfg, batch_size, max_seq_len) -> int:
+    """Validate a cache's batch size and length against the model config; returns max_seq_len (the context
+    window when None). Shared by every cache built for a model."""
+    max_seq_len = cfg.max_seq_len if max_seq_len is None else max_seq_len
+    if not _is_int(max_seq_len) or not 1 <= max_seq_len <= cfg.max_seq_len:
+        raise ValueError(f"max_seq_len must be in [1, {cfg.max_seq_len}] (the model's context window); "
+                         f"got {max_seq_len!r}")
+    if not _is_int(batch_size) or batch_size < 1:
+        raise ValueError(f"batch_size must be an int >= 1; got {batch_size!r}")
+    return max_seq_len
+
+
+class PositionalCache:
+    """What every contiguous cache shares: `length` positions are filled (the next token goes to position
+    `length`), one view per layer for the attention to write through, truncate and reset."""
+    length: int
+    _layers: list
+
+    def layer(self, i: int):
+        return self._layers[i]
+
+    def truncate(self, length: int) -> None:
+        """Forget every position from `length` on (their slots are overwritten by later writes)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"length must be in [0, {self.length}]; got {length}")
+        self.length = length
+
+    def reset(self) -> None:
+        self.length = 0
+
+
+class KVCache(PositionalCache):
     def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, max_seq_len: int, head_dim: int,
                  dtype=torch.float32, device=None, model_cfg=None):
         shape = (n_layers, batch_size, n_kv_heads, max_seq_len, head_dim)  # (L, B, Hkv, S, D)
@@ -82,26 +113,9 @@ class KVCache:
     @classmethod
     def for_model(cls, model, batch_size: int = 1, max_seq_len: int | None = None, dtype=None) -> "KVCache":
         cfg = model.cfg
-        max_seq_len = cfg.max_seq_len if max_seq_len is None else max_seq_len
-        if not _is_int(max_seq_len) or not 1 <= max_seq_len <= cfg.max_seq_len:
-            raise ValueError(f"max_seq_len must be in [1, {cfg.max_seq_len}] (the model's context window); "
-                             f"got {max_seq_len!r}")
-        if not _is_int(batch_size) or batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1; got {batch_size!r}")
+        max_seq_len = check_cache_size(cfg, batch_size, max_seq_len)
         return cls(cfg.n_layers, batch_size, cfg.n_kv_heads, max_seq_len, cfg.head_dim,
                    dtype=dtype or model.dtype, device=model.device, model_cfg=cfg)
-
-    def layer(self, i: int) -> LayerCache:
-        return self._layers[i]
-
-    def truncate(self, length: int) -> None:
-        """Forget every position from `length` on (their slots are overwritten by later writes)."""
-        if not 0 <= length <= self.length:
-            raise ValueError(f"length must be in [0, {self.length}]; got {length}")
-        self.length = length
-
-    def reset(self) -> None:
-        self.length = 0
 
     @property
     def nbytes(self) -> int:

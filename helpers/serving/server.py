@@ -43,7 +43,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from ..sampling import SamplingConfig
+from ..sampling import SamplingConfig, apply_penalties
 from ..stopping import TextStop, cut_at_stop_string
 from .chat_template import TURN_STOP, render_chat
 from .openai_api import (
@@ -230,15 +230,11 @@ def _capture(listener: _Listener):
     return capture
 
 
-def _generated_only_penalties(prompt_len: int, presence: float, frequency: float, vocab_size: int):
-    """OpenAI's presence and frequency penalties over generated tokens only (not the prompt)."""
+def _generated_only_penalties(prompt_len: int, presence: float, frequency: float):
+    """OpenAI's presence and frequency penalties over generated tokens only (sampling.apply_penalties, which
+    counts whatever ids it is given, gets the ids after the prompt)."""
     def penalise(ids, logits):  # (1, T), (1, V)
-        generated = ids[:, prompt_len:]
-        if generated.numel() == 0:
-            return logits
-        counts = torch.zeros(1, vocab_size, dtype=logits.dtype, device=logits.device)
-        counts.scatter_add_(-1, generated, torch.ones_like(generated, dtype=logits.dtype))
-        return logits - frequency * counts - presence * (counts > 0).to(logits.dtype)
+        return apply_penalties(logits, ids[:, prompt_len:], presence_penalty=presence, frequency_penalty=frequency)
     return penalise
 
 
@@ -393,7 +389,7 @@ def create_app(model, tokenizer, *, num_blocks: int = 1024, block_size: int = 16
             procs = []
             if body.presence_penalty or body.frequency_penalty:
                 procs.append(_generated_only_penalties(len(prompt_ids), body.presence_penalty,
-                                                       body.frequency_penalty, tokenizer.vocab_size))
+                                                       body.frequency_penalty))
             choices.append(dict(max_tokens=body.max_tokens, sampling=sampling,
                                 seed=None if body.seed is None else body.seed + i,
                                 eos_id=None if ext.ignore_eos else tokenizer.eos_id,
