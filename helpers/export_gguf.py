@@ -19,7 +19,7 @@ own block formats, 32 weights per scale; quantized by the gguf package). Norm we
 llama.cpp requires. The tied output head is not written: llama.cpp reuses the token embedding.
 
 The tokenizer travels as a GPT-2-style byte-level BPE vocabulary (tokens, merges, special ids), so
-llama.cpp can decode our ids. Its pre-tokenizer ("gpt2") splits text a little differently from ours
+llama.cpp can decode our ids. Its pre-tokenizer ("gpt-2") splits text a little differently from ours
 (tokenizer.py keeps digits inside identifiers), so compare the two on token ids, not on text.
 
 Out of scope: other GGUF quantization types, importing GGUF files back, chat templates.
@@ -132,7 +132,7 @@ def write_gguf(model, tok, path, file_type: str = "f32", name: str = "model") ->
     w.add_file_type(int(ftype))
     tokens, types, merges = vocabulary(tok)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt2")
+    w.add_tokenizer_pre("gpt-2")  # llama.cpp's name for GPT-2's pre-tokenizer
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)

@@ -127,3 +127,28 @@ def test_not_compiled_says_why(model, monkeypatch):
         fast = FastGenerator(model, compile=True)
     assert fast.compile_source.startswith("not compiled: no C++ compiler")
     assert torch.equal(fast.generate([1, 2], 10), generate(model, [1, 2], 10))
+
+
+def test_input_major_copy_shares_all_but_the_projections(model):
+    twin = fast_decode.input_major_copy(model)
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and not any(isinstance(m, torch.nn.Linear) for m in twin.modules())  # all swapped in the copy
+    assert all(type(m) is torch.nn.Linear for m in linears)  # the original is untouched
+    assert twin.embed.weight.data_ptr() == model.embed.weight.data_ptr()  # shared, not copied
+    assert twin.layers[0].attn_norm.weight.data_ptr() == model.layers[0].attn_norm.weight.data_ptr()
+    assert twin.rope_cos.data_ptr() == model.rope_cos.data_ptr()
+    wt = twin.layers[0].mlp.w_down.weight_t
+    assert wt.is_contiguous() and torch.equal(wt, model.layers[0].mlp.w_down.weight.t())
+    idx = torch.randint(0, CFG.vocab_size, (2, 30), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.allclose(twin(idx), model(idx), atol=1e-5, rtol=0)  # same products, another summation order
+
+
+def test_input_major_on_or_off_gives_the_tokens_of_generate(model):
+    prompt = [3, 1, 4, 1, 5]
+    ref = generate(model, prompt, 80)
+    for input_major in (True, False):
+        fast = FastGenerator(model, compile=False, input_major=input_major)
+        assert fast.input_major is input_major
+        assert torch.equal(fast.generate(prompt, 80), ref)
+    assert FastGenerator(model, compile=False).input_major  # the default on a CPU
