@@ -26,10 +26,10 @@ says which happened (`compile_source`), and the seconds a cold compile took are 
 beside the cache (`cold_compile_seconds`), so a run from the cache can still report them.
 
 On a CPU the generator also keeps each projection's weight transposed, (in, out) and contiguous
-(`input_major_copy`): for a batch-1 step, torch's matrix-vector product over that layout ran about
-1.6-2x faster than over nn.Linear's (out, in) layout for the course model's 25 projections, at every
-CPU capability tried (AVX-512, AVX2, SSE4.2; chapter 07 measures it on yours). It costs a second copy
-of those weights (19 MB for the course model); `input_major=False` turns it off.
+(`input_major_copy`): for a batch-1 step, torch's matrix-vector product over that layout ran
+1.6-2.1x faster than over nn.Linear's (out, in) layout for the course model's 25 projections with
+torch's AVX-512 and AVX2 kernels, 1.1x with SSE4.2 only (chapter 07 measures it on yours). It costs
+a second copy of those weights (19 MB for the course model); `input_major=False` turns it off.
 
 `cpp_wrapper=True` asks inductor to drive its kernels from generated C++ instead of generated Python
 (chapter 07 and `python -m helpers.bench` measure what it buys on a CPU).
