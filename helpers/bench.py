@@ -12,6 +12,9 @@ Writes bench_summary.png (ratios against their targets), bench_cache_latency.png
 against position, with and without the KV cache) and bench_results.json into .cache/figures/
 (LLM_COURSE_FIGURES=figures to refresh the committed ones). BENCHMARKS.md holds the last full run.
 
+Speculative decoding is timed twice: the eager loop against plain eager decoding, and the loop on
+compiled draft and verify steps (FastGenerators) against plain compiled decoding.
+
 Rows for chapter 07: what each lever of the compiled step buys (inductor's C++ wrapper, the buffer sized
 to the generation, prefill's share of the time), the compiled step against its roofline ceiling, bf16
 against fp32, and llama.cpp on the same weights (GGUF f32 and f16) when llama-cpp-python is installed
@@ -331,6 +334,75 @@ def rows_speculative(target, draft, tok, n_new: int, repeats: int, progress) -> 
     return rows
 
 
+def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast, progress,
+                              gamma: int | None = None) -> list[Row]:
+    """Speculative decoding with compiled draft and verify steps (FastGenerators, speculative.py) against
+    plain compiled decoding (`fast`, the same generator as the target's), on rows_speculative's prompts,
+    plus the compiled premise: a (gamma + 1)-token verify pass against a 1-token step."""
+    from .data import validation_documents
+    from .fast_decode import FastGenerator
+    from .speculative import DEFAULT_COMPILED_GAMMA, SpeculativeStats, speculative_generate, warmup_speculative
+
+    gamma = DEFAULT_COMPILED_GAMMA if gamma is None else gamma
+    docs = validation_documents()
+    prompts = [tok.encode(docs[i][:400], bos=True)[:64] for i in (3, 11, 19)]  # three held-out files
+    fast_draft = FastGenerator(draft, max_seq_len=fast.cache.max_seq_len)
+    secs = warmup_speculative(fast, fast_draft, gamma)  # before any timing: compiling is not decoding
+    compiled = gamma + 1 in fast.compiled_token_counts and 2 in fast_draft.compiled_token_counts
+    compile_note = (f"{gamma + 1}-token verify graph "
+                    f"{fast.compile_seconds_by_tokens.get(gamma + 1, 0):.0f} s, draft graphs "
+                    f"{fast_draft.compile_seconds:.0f} s" if compiled else "compile unavailable: eager static path")
+    rows, stats = [], {}
+    for label, temperature, target_ratio in [("greedy", 0.0, 2.0), ("T=1", 1.0, 1.3)]:
+        tb, tc, same = [], [], True
+        for r in range(repeats):
+            for p in prompts:
+                gb, gc = torch.Generator().manual_seed(r), torch.Generator().manual_seed(r)
+                out_b, out_c = {}, {}
+                tb.append(_timed(lambda: out_b.setdefault("x", fast.generate(p, n_new, temperature=temperature,
+                                                                              generator=gb)), target.device))
+
+                def spec():
+                    out, st = speculative_generate(fast, fast_draft, p, n_new, gamma=gamma,
+                                                   temperature=temperature, generator=gc)
+                    stats[label] = stats.get(label, SpeculativeStats()).merge(st)
+                    return out
+                tc.append(_timed(lambda: out_c.setdefault("x", spec()), target.device))
+                if temperature == 0:
+                    same &= torch.equal(out_b["x"], out_c["x"])
+        progress()
+        pairs = [sum(tb[i:i + len(prompts)]) / sum(tc[i:i + len(prompts)]) for i in range(0, len(tb), len(prompts))]
+        st = stats[label]
+        note = (f"gamma {gamma}, alpha {st.acceptance_rate:.2f}, {st.tokens_per_target_call:.2f} tokens/target call"
+                + (", distribution: tests/test_speculative.py" if temperature else "") + f"; {compile_note}")
+        rows.append(Row(f"speculative compiled, draft model, {label} vs plain compiled", "plain compiled",
+                        "speculative compiled", pairs, f"{n_new * len(tb) / sum(tb):.0f} tok/s",
+                        f"{n_new * len(tc) / sum(tc):.0f} tok/s", target=target_ratio,
+                        same_output=same if temperature == 0 else None, note=note,
+                        extra={"alpha": st.acceptance_rate, "tokens_per_target_call": st.tokens_per_target_call,
+                               "gamma": gamma, "compile_seconds": secs}))
+
+    # the premise, compiled: a (gamma + 1)-token verify pass vs a 1-token step, at positions 64..
+    T0 = len(prompts[0])
+    tokens = {T: torch.zeros(1, T, dtype=torch.long, device=target.device) for T in (1, gamma + 1)}
+    positions = {T: torch.arange(T0, T0 + T, device=target.device) for T in (1, gamma + 1)}
+
+    def step(T):
+        return lambda: fast.forward(tokens[T], positions[T])
+
+    with torch.no_grad():  # the grad mode the graphs were compiled under
+        tb, tc = interleaved(step(gamma + 1), step(1), target.device, 30 * repeats, warmup=5)
+        # and what a draft proposal costs next to a target step: gamma of them per round
+        td, _ = interleaved(lambda: fast_draft.forward(tokens[1], positions[1]), lambda: None, target.device,
+                            30 * repeats, warmup=5)
+    draft_share = statistics.median(td) / statistics.median(tc)
+    rows.append(Row(f"compiled: cost of a {gamma + 1}-token verify pass / 1 step", f"{gamma + 1} tokens", "1 token",
+                    _ratios(tb, tc), f"{statistics.median(tb) * 1e3:.2f} ms", f"{statistics.median(tc) * 1e3:.2f} ms",
+                    note=f"speculation pays when this is near 1; a draft step costs {draft_share:.2f} target steps",
+                    extra={"draft_step_over_target_step": draft_share}))
+    return rows
+
+
 def rows_compile_levers(model, tok, n_new: int, repeats: int, fast, progress) -> list[Row]:
     """What each lever of the compiled step buys, each against the plain compiled step (buffer sized to
     the generation) in the same run: inductor's C++ wrapper, a buffer of the whole context window, and
@@ -530,7 +602,7 @@ def main(argv=None):
     big = random_model(args.big_preset, device, dtype)
 
     n_quant = 3 if device.type == "cpu" else 2
-    steps = (0 if args.no_compile else 1 + 4 + 1 + 2) + cache_repeats + (1 if args.no_compile else 2) + 2 + 3 + \
+    steps = (0 if args.no_compile else 1 + 4 + 1 + 2 + 2) + cache_repeats + (1 if args.no_compile else 2) + 2 + 3 + \
         n_quant + repeats
     bar = progress_bar(total=steps, desc="bench", unit="run")
     fast = None
@@ -554,6 +626,8 @@ def main(argv=None):
         rows += llama_rows
     rows += rows_precision(model, big, 3 if quick else 5, lambda: bar.update(1))
     rows += rows_speculative(model, draft, tok, n_spec, 2 if quick else 3, lambda: bar.update(1))
+    if fast is not None:  # the same prompts, compiled draft and verify steps against the compiled plain loop
+        rows += rows_speculative_compiled(model, draft, tok, n_spec, 2 if quick else 3, fast, lambda: bar.update(1))
     rows += rows_quantized(big, 3 if quick else 5, lambda: bar.update(1))
     rows.append(row_decode_bandwidth(big, repeats, lambda: bar.update(1)))
     from .serving.bench import serving_rows  # chapter 13's targets: many requests at once

@@ -34,7 +34,12 @@ a second copy of those weights (19 MB for the course model); `input_major=False`
 `cpp_wrapper=True` asks inductor to drive its kernels from generated C++ instead of generated Python
 (chapter 07 and `python -m helpers.bench` measure what it buys on a CPU).
 
-Out of scope: batching requests of different lengths; speculative decoding (speculative.py).
+`forward(tokens, input_pos)` runs T > 1 tokens through the same static path (speculative decoding's
+verify pass and its draft's catch-up step, speculative.py): compiled for each T named in
+`warmup(token_counts=...)`, one graph per T; any other T runs the static path eagerly, so a call never
+compiles in the middle of a generation.
+
+Out of scope: batching requests of different lengths; the speculative loop itself (speculative.py).
 """
 from __future__ import annotations
 
@@ -143,23 +148,38 @@ class FastGenerator:
                 torch._dynamo.mark_static_address(self.cache.k)
                 torch._dynamo.mark_static_address(self.cache.v)
             options = {"cpp_wrapper": True} if cpp_wrapper else None
-            step = torch.compile(self._eager_step, mode=mode, fullgraph=True, dynamic=False, options=options)
+            self._compile_options = dict(mode=mode, fullgraph=True, dynamic=False, options=options)
+            step = torch.compile(self._static_step, **self._compile_options)
         self.mode = mode
         self._step = step
         self._want_compile = compile and compile_available()  # (bound methods are new objects: never test `is`)
+        self._forwards: dict[int, object] = {}  # T > 1 -> its compiled static forward (warmup(token_counts=...))
+        self.compile_seconds_by_tokens: dict[int, float] = {}  # T -> seconds its warm-up took
 
-    def _compile_key(self) -> str:
-        """What decides the generated code: model shapes, buffer size, batch, dtype, device, options, torch."""
+    def _compile_key(self, tokens: int = 1) -> str:
+        """What decides the generated code: model shapes, buffer size, batch, dtype, device, options, torch,
+        and the number of tokens per call (T = 1, the step, keeps the key it always had)."""
         m = self.model
         what = (f"{m.cfg.to_dict()} B={self.cache.batch_size} S={self.cache.max_seq_len} {m.dtype} {m.device.type} "
                 f"mode={self.mode} cpp_wrapper={self.cpp_wrapper} input_major={self.input_major} "
                 f"torch={torch.__version__}")
+        if tokens != 1:
+            what += f" T={tokens}"
         return hashlib.sha256(what.encode()).hexdigest()[:16]
 
     @property
     def cold_compile_seconds(self) -> float | None:
         """Seconds the cold compile of this very step took (on this machine, whenever it filled the cache)."""
         return _read_cold_compiles().get(self._compile_key())
+
+    @property
+    def compiled_token_counts(self) -> tuple[int, ...]:
+        """The numbers of tokens per call that run compiled (1: the step); () when nothing is compiled."""
+        return tuple(sorted({1, *self._forwards})) if self.compiled else ()
+
+    def cold_compile_seconds_for(self, tokens: int) -> float | None:
+        """The same for the static forward of `tokens` tokens per call (1: the step)."""
+        return _read_cold_compiles().get(self._compile_key(tokens))
 
     @torch.no_grad()
     def step(self, token: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
@@ -171,43 +191,104 @@ class FastGenerator:
             logits = logits.clone()  # a CUDA-graph output is overwritten by the next replay
         return logits
 
-    @torch.no_grad()
-    def _eager_step(self, token, input_pos):
+    # What torch.compile wraps: undecorated, because a no_grad-decorated function compiles as torch's one
+    # shared wrapper, whose code object then holds every generator's graphs under one recompile limit (8).
+    # Every caller (step, forward, generate, warmup) runs under no_grad, the grad mode of the graphs.
+    def _static_step(self, token, input_pos):
         return self.decode_model(token, cache=self.cache, input_pos=input_pos, check=False)[:, -1, :]  # (B, V)
 
+    def _static_forward(self, tokens, input_pos):
+        return self.decode_model(tokens, cache=self.cache, input_pos=input_pos, check=False)  # (B, T, V)
+
+    @torch.no_grad()
+    def _eager_step(self, token, input_pos):
+        return self._static_step(token, input_pos)
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+        """The static path for several tokens: tokens (B, T) at positions input_pos (T,) -> logits (B, T, V).
+
+        Compiled for T = 1 (the step) and for every T warmed up with `warmup(token_counts=...)`; any other
+        T runs the same static path eagerly (compiling it here would stall the caller for seconds). Writes
+        those positions' K/V into this generator's cache and leaves cache.length alone: the caller tracks
+        positions, so rolling back is only the caller forgetting them (later writes overwrite the slots)."""
+        self.warmup()
+        T = tokens.shape[1]
+        if self.compiled and tokens.stride() != (T, 1):
+            # a view into a longer id buffer: the graphs are specialised to the strides they were
+            # compiled for, so other strides would mean another compile (a plain clone keeps a (1, T)
+            # view's strides, and contiguous() returns it as it is: both count it as contiguous)
+            tokens = torch.empty(tokens.shape, dtype=tokens.dtype, device=tokens.device).copy_(tokens)
+        if T == 1:
+            return self.step(tokens, input_pos).unsqueeze(1)  # (B, 1, V)
+        fn = self._forwards.get(T)
+        if fn is None:
+            return self._static_forward(tokens, input_pos)  # under this method's no_grad
+        logits = fn(tokens, input_pos)
+        if self.model.device.type == "cuda":
+            logits = logits.clone()  # a CUDA-graph output is overwritten by the next replay
+        return logits
+
+    def _warm(self, fn, tokens: int) -> Exception | None:
+        """Run fn twice on `tokens` zeros at positions 0..tokens-1, leaving the cache as it was.
+        Returns the error if it failed, else None."""
+        token = torch.zeros(self.cache.batch_size, tokens, dtype=torch.long, device=self.model.device)
+        pos = torch.arange(tokens, device=self.model.device)
+        # the warm-up writes the first slots of the cache: keep what is there, so warming up has no side effect
+        saved = self.cache.k[:, :, :, :tokens].clone(), self.cache.v[:, :, :, :tokens].clone()
+        _, misses = _inductor_cache_counts()
+        t0 = time.perf_counter()
+        error = None
+        try:
+            for _ in range(2):  # CUDA graphs record on a later call than the first
+                fn(token, pos)
+            synchronize(self.model.device)
+        except Exception as e:  # noqa: BLE001 - any compiler failure means: run eagerly
+            error = e
+        seconds = time.perf_counter() - t0
+        self.compile_seconds += seconds
+        self.compile_seconds_by_tokens[tokens] = seconds
+        self.cache.k[:, :, :, :tokens] = saved[0]
+        self.cache.v[:, :, :, :tokens] = saved[1]
+        if error is None and _inductor_cache_counts()[1] > misses:  # a cold compile: remember how long it took
+            self._remember_cold_compile(tokens, seconds)
+        return error
+
     @torch.no_grad()  # the same grad mode as the decode loop, or its first call would compile a second graph
-    def warmup(self) -> float:
-        """Compile now (if not yet), timing it; falls back to eager if compilation fails."""
+    def warmup(self, token_counts=()) -> float:
+        """Compile now (if not yet), timing it; falls back to eager if compilation fails.
+
+        token_counts: also compile `forward` for these numbers of tokens per call (one graph each; 1 is
+        the step). Returns the seconds all warm-ups of this generator took so far."""
         if self._want_compile and not self.compiled:
-            token = torch.zeros(self.cache.batch_size, 1, dtype=torch.long, device=self.model.device)
-            pos = torch.zeros(1, dtype=torch.long, device=self.model.device)
-            # the warm-up steps write slot 0 of the cache: keep what is there, so warming up has no side effect
-            saved = self.cache.k[:, :, :, :1].clone(), self.cache.v[:, :, :, :1].clone()
             _, misses = _inductor_cache_counts()
-            t0 = time.perf_counter()
-            try:
-                for _ in range(2):  # CUDA graphs record on a later call than the first
-                    self._step(token, pos)
-                synchronize(self.model.device)
+            error = self._warm(self._step, 1)
+            if error is None:
                 self.compiled = True
-            except Exception as e:  # noqa: BLE001 - any compiler failure means: run eagerly
-                warnings.warn(f"torch.compile failed ({type(e).__name__}: {str(e)[:200]}); decoding eagerly")
-                self._step = self._eager_step
-                self._want_compile = False
-                self.compile_source = f"not compiled: torch.compile failed ({type(e).__name__}), running eagerly"
-            self.compile_seconds = time.perf_counter() - t0
-            if self.compiled:
                 cold = _inductor_cache_counts()[1] > misses
                 self.compile_source = "compiled cold" if cold else "compiled from the on-disk cache"
-                if cold:
-                    self._remember_cold_compile()
-            self.cache.k[:, :, :, :1] = saved[0]
-            self.cache.v[:, :, :, :1] = saved[1]
+            else:
+                warnings.warn(f"torch.compile failed ({type(error).__name__}: {str(error)[:200]}); decoding eagerly")
+                self._step = self._eager_step
+                self._want_compile = False
+                self.compile_source = f"not compiled: torch.compile failed ({type(error).__name__}), running eagerly"
+        for T in token_counts:
+            if not isinstance(T, int) or isinstance(T, bool) or not 1 <= T <= self.cache.max_seq_len:
+                raise ValueError(f"token_counts must hold ints in [1, {self.cache.max_seq_len}]; got {T!r}")
+            if T == 1 or T in self._forwards or not self.compiled:
+                continue
+            fn = torch.compile(self._static_forward, **self._compile_options)
+            error = self._warm(fn, T)
+            if error is None:
+                self._forwards[T] = fn
+            else:
+                warnings.warn(f"torch.compile failed for {T} tokens per call ({type(error).__name__}: "
+                              f"{str(error)[:200]}); that forward runs eagerly")
         return self.compile_seconds
 
-    def _remember_cold_compile(self) -> None:
+    def _remember_cold_compile(self, tokens: int, seconds: float) -> None:
         record = _read_cold_compiles()
-        record[self._compile_key()] = round(self.compile_seconds, 1)
+        record[self._compile_key(tokens)] = round(seconds, 1)
         try:
             os.makedirs(os.path.dirname(_cold_compile_record()), exist_ok=True)
             with open(_cold_compile_record(), "w") as f:

@@ -3,6 +3,11 @@
     ids, stats = speculative_generate(target, draft, prompt, max_new_tokens=128, gamma=4)
     ids, stats = prompt_lookup_generate(target, prompt, max_new_tokens=128)   # no draft model
 
+    # the same loop on compiled static steps: pass FastGenerators instead of models
+    fast_target, fast_draft = FastGenerator(target, max_seq_len=320), FastGenerator(draft, max_seq_len=320)
+    warmup_speculative(fast_target, fast_draft, gamma=DEFAULT_COMPILED_GAMMA)  # compiles 4 graphs, once
+    ids, stats = speculative_generate(fast_target, fast_draft, prompt, max_new_tokens=128)
+
 Speculative sampling (Leviathan et al. 2023, "Fast Inference from Transformers via Speculative
 Decoding"; Chen et al. 2023, "Accelerating Large Language Model Decoding with Speculative
 Sampling"). One round:
@@ -32,21 +37,43 @@ verification input is a slice of it, never a concatenation), the acceptance test
 tokens is a handful of batched tensor ops, and each round reads back from the device only how many
 proposals were accepted, plus one flag per model call (sampling.check_logits: are the logits usable).
 
+One loop (`_speculative_loop`) drives both kinds of model through a two-method "stepper": logits(tokens)
+for T tokens at positions length..length+T-1, and truncate(n). With models, each gets a fresh KVCache
+and truncate is KVCache.truncate. With FastGenerators, the tokens go through the static path (positions
+in a tensor, attention over the whole buffer with a mask), and truncate only moves the bookkeeping:
+slots past it are overwritten before any query attends to them. A round then uses three shapes, each
+one compiled graph (`warmup_speculative`): the target's (gamma + 1)-token verify pass and the draft's
+1-token step and 2-token catch-up (after a fully accepted round the draft has not seen its last
+proposal). The prefill and a last round cut short by max_new_tokens run the same static path eagerly,
+so a generation never compiles in its middle; greedy output still equals `generate`'s token for token.
+Sampled tokens keep the target's distribution, but need not equal the eager loop's for the same
+generator: the static path's logits differ from the eager ones by float rounding.
+
 Out of scope: batch size > 1 (rows would accept different numbers of tokens), repetition / presence /
 frequency penalties (their distribution depends on the tokens before each position), tree
-verification (several drafts per round), and self-speculation (early-exit drafting).
+verification (several drafts per round), and self-speculation (early-exit drafting). Prompt lookup
+runs on models only: its proposals vary in length every round, so each length would need its own graph.
+The compiled path compiles neither the prefill nor the short last round (both eager static).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
 
+from .fast_decode import FastGenerator
 from .generate import as_prompt_tensor, check_generation_length
 from .kv_cache import KVCache
 from .sampling import SamplingConfig, check_generator, next_token, probabilities
 
 DEFAULT_GAMMA = 3  # draft tokens per round with a draft model (chapter 12 measures the choice)
+# The same with compiled draft and verify steps (FastGenerators). Speed-up over plain compiled decoding,
+# course target + draft, 3 prompts x 128 tokens x 3 repeats, range over three runs on a shared 2-core CPU:
+# gamma 2: 1.11-1.17x greedy, 0.72-0.75x at T=1; gamma 3: 1.20-1.26x, 0.62-0.66x; gamma 4: 1.15-1.23x,
+# 0.58x; gamma 5: 1.27-1.31x, 0.56-0.57x; gamma 6: 1.23-1.37x, 0.52-0.58x. Longer drafts help greedy a
+# little and hurt sampling more (alpha 0.44 at T=1): none is clearly better for both, so 3.
+DEFAULT_COMPILED_GAMMA = DEFAULT_GAMMA
 DEFAULT_LOOKUP_GAMMA = 6  # prompt-lookup proposals per round: no draft steps, but a longer verify pass
 DEFAULT_MAX_NGRAM = 3
 DEFAULT_MIN_NGRAM = 2  # a single-token match is weak evidence: its proposals are mostly rejected
@@ -170,15 +197,93 @@ def greedy_accept(target_argmax: torch.Tensor, draft_tokens: torch.Tensor) -> tu
     return n_accepted, target_argmax.gather(-1, n_accepted.unsqueeze(-1)).squeeze(-1)
 
 
-def _verify(target, ids, n: int, g: int, t_cache, sampling: SamplingConfig, p_draft, generator):
+def _verify(target, ids, n: int, g: int, sampling: SamplingConfig, p_draft, generator):
     """One target pass over the last committed token (position n - 1) and the g proposals at n..n+g-1,
-    then the acceptance rule. p_draft (g, V) or None (a deterministic proposer, e.g. prompt lookup).
+    then the acceptance rule. target: a stepper (_EagerSteps or _StaticSteps) whose length is n - 1.
+    p_draft (g, V) or None (a deterministic proposer, e.g. prompt lookup).
     Returns (number accepted, next token), both 0-d tensors on the model's device."""
-    logits = target(ids[:, n - 1:n + g], cache=t_cache, check=False)[0]  # (g + 1, V)
+    logits = target.logits(ids[:, n - 1:n + g])  # (g + 1, V)
     proposals = ids[0, n:n + g]  # (g,)
     if sampling.greedy:
         return greedy_accept(next_token(logits, sampling)[:, 0], proposals)  # next_token checks the logits
     return accept_or_resample(probabilities(logits, sampling), p_draft, proposals, generator)
+
+
+class _EagerSteps:
+    """A model with its own KVCache (dynamic shapes): the T tokens go to positions length..length+T-1,
+    and rolling back is KVCache.truncate."""
+
+    def __init__(self, model, max_seq_len: int):
+        self.model = model
+        self.cache = KVCache.for_model(model, 1, max_seq_len)
+
+    @property
+    def length(self) -> int:
+        return self.cache.length
+
+    def logits(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """tokens (1, T) -> (T, V) logits, or (1, V) with last_only (no head on the other positions)."""
+        return self.model(tokens, cache=self.cache, last_only=last_only, check=False)[0]
+
+    def truncate(self, length: int) -> None:
+        self.cache.truncate(length)
+
+
+class _StaticSteps:
+    """The same interface over a FastGenerator's static path: positions are a tensor, so one compiled
+    graph per number of tokens serves every round. The generator's cache is written by position and
+    never truncated: `length` here is the bookkeeping, and stale slots past it are overwritten before
+    any query can see them (a query at position p attends keys 0..p only, all written by then)."""
+
+    def __init__(self, fast: FastGenerator, token_counts):
+        self.fast, self.model = fast, fast.model
+        self.length = 0
+        device = fast.model.device
+        self._arange = torch.arange(fast.cache.max_seq_len, device=device)  # (S,)
+        # the compiled graphs (T = 1 is always one) read their inputs from these fixed tensors, whose
+        # strides are the ones compiled for
+        self._inputs = {T: (torch.zeros(1, T, dtype=torch.long, device=device),
+                            torch.zeros(T, dtype=torch.long, device=device)) for T in {1, *token_counts}}
+
+    def logits(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        T, start = tokens.shape[1], self.length
+        fast = self.fast
+        if T in self._inputs:
+            tok, pos = self._inputs[T]  # (1, T), (T,)
+            tok.copy_(tokens)
+            pos.copy_(self._arange[start:start + T])
+            logits = fast.forward(tok, pos)[0]  # (T, V)
+        elif T in fast.compiled_token_counts:  # a graph warmed up for another gamma
+            logits = fast.forward(tokens, self._arange[start:start + T])[0]  # (T, V)
+        else:
+            # no graph for this T (the prefill, a short last round): the eager dynamic path on the same
+            # buffers, which attends over positions 0..start+T-1 only, not over the whole masked buffer
+            # (the prefill of the bench's 64-token prompts: 2x faster); cache.length is its bookkeeping,
+            # which the static steps ignore
+            fast.cache.length = start
+            logits = fast.decode_model(tokens, cache=fast.cache, last_only=last_only, check=False)[0]
+        self.length = start + T
+        return logits[-1:] if last_only else logits
+
+    def truncate(self, length: int) -> None:
+        if not 0 <= length <= self.length:
+            raise ValueError(f"length must be in [0, {self.length}]; got {length}")
+        self.length = length
+
+
+def speculative_token_counts(gamma: int) -> dict[str, tuple[int, ...]]:
+    """Tokens per call that a round of the static loop uses, by model: the target's verify pass (gamma + 1)
+    and the draft's steps (1, and 2 when it catches up after a fully accepted round)."""
+    return {"target": (gamma + 1,), "draft": (1, 2)}
+
+
+def warmup_speculative(fast_target: FastGenerator, fast_draft: FastGenerator,
+                       gamma: int = DEFAULT_COMPILED_GAMMA) -> float:
+    """Compile every graph speculative_generate(fast_target, fast_draft, ..., gamma=gamma) uses; returns
+    the seconds both generators' warm-ups took so far (time it apart from the generation)."""
+    _check_gamma(gamma)
+    counts = speculative_token_counts(gamma)
+    return fast_target.warmup(counts["target"]) + fast_draft.warmup(counts["draft"])
 
 
 def _check_sampling(sampling: SamplingConfig | None, temperature: float) -> SamplingConfig:
@@ -227,8 +332,7 @@ def _check_common(target, prompt, max_new_tokens, gamma, sampling, temperature, 
     return prompt, _check_sampling(sampling, temperature)
 
 
-@torch.inference_mode()
-def speculative_generate(target, draft, prompt, max_new_tokens: int, *, gamma: int = DEFAULT_GAMMA,
+def speculative_generate(target, draft, prompt, max_new_tokens: int, *, gamma: int | None = None,
                          temperature: float = 0.0, sampling: SamplingConfig | None = None,
                          generator: torch.Generator | None = None, eos_id: int | None = None,
                          trace: bool = False) -> tuple[torch.Tensor, SpeculativeStats]:
@@ -239,36 +343,83 @@ def speculative_generate(target, draft, prompt, max_new_tokens: int, *, gamma: i
     The two models must share the tokenizer (same vocab_size), and the draft's context window must hold
     prompt + max_new_tokens, as the target's must (checked up front). trace=True records every round's
     proposals in stats.trace (one extra device -> host read per round).
+
+    target and draft are both models (the eager loop, each with a fresh KVCache; gamma defaults to
+    DEFAULT_GAMMA) or both FastGenerators (the static, compiled steps, on the generators' own caches;
+    gamma defaults to DEFAULT_COMPILED_GAMMA; the first call compiles what `warmup_speculative` would).
     """
-    prompt, sampling = _check_common(target, prompt, max_new_tokens, gamma, sampling, temperature, generator)
-    if draft.cfg.vocab_size != target.cfg.vocab_size:
-        raise ValueError(f"draft and target must share a vocabulary; vocab_size {draft.cfg.vocab_size} "
-                         f"!= {target.cfg.vocab_size}")
+    static = isinstance(target, FastGenerator)
+    if static != isinstance(draft, FastGenerator):
+        raise ValueError("target and draft must both be models or both FastGenerators; got "
+                         f"{type(target).__name__} and {type(draft).__name__}")
+    if gamma is None:
+        gamma = DEFAULT_COMPILED_GAMMA if static else DEFAULT_GAMMA
+    t_model, d_model = (target.model, draft.model) if static else (target, draft)
+    prompt, sampling = _check_common(t_model, prompt, max_new_tokens, gamma, sampling, temperature, generator)
+    if d_model.cfg.vocab_size != t_model.cfg.vocab_size:
+        raise ValueError(f"draft and target must share a vocabulary; vocab_size {d_model.cfg.vocab_size} "
+                         f"!= {t_model.cfg.vocab_size}")
     T = prompt.shape[1]
     # the draft reads the same sequence, so it needs the same room (its proposals never go past
     # max_new_tokens); checked now, or its cache would overflow in the middle of the run
-    check_generation_length(T, max_new_tokens, draft.cfg.max_seq_len, window="the draft model's context window")
+    check_generation_length(T, max_new_tokens, d_model.cfg.max_seq_len, window="the draft model's context window")
+    if not static:
+        S = min(T + max_new_tokens + gamma, t_model.cfg.max_seq_len)
+        with torch.inference_mode():
+            return _speculative_loop(_EagerSteps(t_model, S), _EagerSteps(d_model, min(S, d_model.cfg.max_seq_len)),
+                                     prompt, max_new_tokens, gamma, sampling, generator, eos_id, trace)
+    # static: positions n - 1 .. n + g of a round stay below T + max_new_tokens (g stops at max_new_tokens)
+    for name, fast in (("target", target), ("draft", draft)):
+        if fast.cache.batch_size != 1:
+            raise ValueError(f"the {name} FastGenerator must have batch_size=1; got {fast.cache.batch_size}")
+        if T + max_new_tokens > fast.cache.max_seq_len:
+            raise ValueError(f"prompt ({T}) + max_new_tokens ({max_new_tokens}) exceeds the {name} "
+                             f"FastGenerator's max_seq_len={fast.cache.max_seq_len}")
+    warmup_speculative(target, draft, gamma)  # a no-op once compiled
+    counts = speculative_token_counts(gamma)
+    # no_grad, not inference_mode: the graphs were compiled under no_grad, and another grad mode is a
+    # guard failure (a second compile)
+    # after the first round, skip dynamo's guard checks: that round checked them (shapes, dtypes, grad
+    # mode, the weights) for every graph a round uses, nothing in the loop changes them, and where one
+    # function holds several graphs (target and draft, T = 1 and 2) torch still checks the guards that
+    # tell them apart
+    later = (lambda: torch.compiler.set_stance(skip_guard_eval_unsafe=True)) if target.compiled else None
+    with torch.no_grad():
+        return _speculative_loop(_StaticSteps(target, counts["target"]), _StaticSteps(draft, counts["draft"]),
+                                 prompt, max_new_tokens, gamma, sampling, generator, eos_id, trace, later)
+
+
+def _speculative_loop(target, draft, prompt, max_new_tokens, gamma, sampling, generator, eos_id, trace,
+                      later_rounds=None):
+    """The rounds, on two steppers (_EagerSteps or _StaticSteps): logits(tokens) at positions
+    length..length+T-1, and truncate(n). later_rounds: a context manager factory entered after the
+    first round (the static path's guard skipping)."""
+    with contextlib.ExitStack() as stack:
+        return _rounds(target, draft, prompt, max_new_tokens, gamma, sampling, generator, eos_id, trace,
+                       (lambda: stack.enter_context(later_rounds())) if later_rounds else None)
+
+
+def _rounds(target, draft, prompt, max_new_tokens, gamma, sampling, generator, eos_id, trace, after_first):
+    T = prompt.shape[1]
     stats = SpeculativeStats(trace=[] if trace else None)
     if max_new_tokens == 0:
         return prompt.clone(), stats
     buf = _Buffer(prompt, max_new_tokens, gamma)
-    S = min(T + max_new_tokens + gamma, target.cfg.max_seq_len)
-    t_cache = KVCache.for_model(target, 1, S)
-    d_cache = KVCache.for_model(draft, 1, min(S, draft.cfg.max_seq_len))
     if T > 1:  # prefill everything but the last prompt token: the first round feeds it
-        target(prompt[:, :-1], cache=t_cache, last_only=True)
-        draft(prompt[:, :-1], cache=d_cache, last_only=True)
+        target.logits(prompt[:, :-1], last_only=True)
+        draft.logits(prompt[:, :-1], last_only=True)
     ids, greedy = buf.ids, sampling.greedy
     end = T + max_new_tokens
-    p_draft = None if greedy else torch.empty(gamma, target.cfg.vocab_size, device=ids.device)  # (gamma, V)
+    V = target.model.cfg.vocab_size
+    p_draft = None if greedy else torch.empty(gamma, V, device=ids.device)  # (gamma, V)
     while buf.n < end:
         n = buf.n
         g = min(gamma, end - n - 1)  # never propose past max_new_tokens (the last round may be shorter)
         # 1. draft g tokens; the first step also feeds the committed tokens the draft has not seen (1 or 2)
-        d_start = d_cache.length
+        d_start = draft.length
         for i in range(g):
             x = ids[:, d_start:n] if i == 0 else ids[:, n + i - 1:n + i]  # (1, 1 or 2)
-            logits = draft(x, cache=d_cache, last_only=True, check=False)[0, -1]  # (V,)
+            logits = draft.logits(x, last_only=True)[-1]  # (V,)
             if greedy:
                 ids[0, n + i] = next_token(logits, sampling)  # the argmax, after checking the logits
             else:
@@ -276,7 +427,7 @@ def speculative_generate(target, draft, prompt, max_new_tokens: int, *, gamma: i
                 ids[0, n + i] = torch.multinomial(p_draft[i], 1, generator=generator)[0]
         stats.draft_calls += g
         # 2.-4. the target scores them in one pass; accept a prefix, then the residual or bonus token
-        n_acc, nxt = _verify(target, ids, n, g, t_cache, sampling, None if greedy else p_draft[:g], generator)
+        n_acc, nxt = _verify(target, ids, n, g, sampling, None if greedy else p_draft[:g], generator)
         stats.target_calls += 1
         if trace:
             stats.trace.append((ids[0, n:n + g].tolist(), int(n_acc), int(nxt)))
@@ -287,10 +438,12 @@ def speculative_generate(target, draft, prompt, max_new_tokens: int, *, gamma: i
         buf.n = n + k + 1
         # 5. roll back: the target has seen everything but the new last token; the draft never saw
         # the last proposal, so after a full acceptance it lags by one more (fed next round)
-        t_cache.truncate(n + k)
-        d_cache.truncate(min(n + k, d_cache.length))
+        target.truncate(n + k)
+        draft.truncate(min(n + k, draft.length))
         if eos_id is not None and eos_id in ids[0, n:n + k + 1].tolist():
             break
+        if after_first is not None and stats.rounds == 1:
+            after_first()
     return _finish(buf, T, max_new_tokens, eos_id, stats), stats
 
 
@@ -345,9 +498,9 @@ def prompt_lookup_generate(target, prompt, max_new_tokens: int, *, gamma: int = 
     if max_new_tokens == 0:
         return prompt.clone(), stats
     buf = _Buffer(prompt, max_new_tokens, gamma)
-    t_cache = KVCache.for_model(target, 1, min(T + max_new_tokens + gamma, target.cfg.max_seq_len))
+    steps = _EagerSteps(target, min(T + max_new_tokens + gamma, target.cfg.max_seq_len))
     if T > 1:
-        target(prompt[:, :-1], cache=t_cache, last_only=True)
+        steps.logits(prompt[:, :-1], last_only=True)
     index.extend(prompt[0].tolist())
     ids = buf.ids
     end = T + max_new_tokens
@@ -357,7 +510,7 @@ def prompt_lookup_generate(target, prompt, max_new_tokens: int, *, gamma: int = 
         g = len(proposal)
         if g:
             ids[0, n:n + g] = torch.tensor(proposal, dtype=torch.long)
-        n_acc, nxt = _verify(target, ids, n, g, t_cache, sampling, None, generator)
+        n_acc, nxt = _verify(steps, ids, n, g, sampling, None, generator)
         stats.target_calls += 1
         k, nxt = torch.stack([n_acc, nxt]).tolist()  # the round's one device -> host read
         if trace:
@@ -366,7 +519,7 @@ def prompt_lookup_generate(target, prompt, max_new_tokens: int, *, gamma: int = 
         stats.proposed.append(g)
         stats.accepted.append(k)
         buf.n = n + k + 1
-        t_cache.truncate(n + k)
+        steps.truncate(n + k)
         index.extend(proposal[:k] + [nxt])
         if eos_id is not None and eos_id in index.tokens[n:n + k + 1]:
             break

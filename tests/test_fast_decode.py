@@ -152,3 +152,22 @@ def test_input_major_on_or_off_gives_the_tokens_of_generate(model):
         assert fast.input_major is input_major
         assert torch.equal(fast.generate(prompt, 80), ref)
     assert FastGenerator(model, compile=False).input_major  # the default on a CPU
+
+
+@pytest.mark.skipif(not compile_available(), reason="torch.compile needs a C++ compiler on the CPU")
+def test_forward_compiles_the_warmed_token_counts_only(model):
+    fast = FastGenerator(model, max_seq_len=64)
+    fast.warmup(token_counts=(4,))
+    assert fast.compiled_token_counts == (1, 4) and set(fast.compile_seconds_by_tokens) == {1, 4}
+    seconds = fast.compile_seconds
+    idx = torch.randint(0, CFG.vocab_size, (1, 20), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        full = model(idx)[0]  # (20, V)
+        prefill(model, idx[:, :8], fast.cache)
+        four = fast.forward(idx[:, 8:12], torch.arange(8, 12))[0]  # compiled (a strided view of idx: copied)
+        three = fast.forward(idx[:, 12:15], torch.arange(12, 15))[0]  # not warmed up: the eager static path
+    assert torch.allclose(four, full[8:12], atol=1e-5, rtol=0)
+    assert torch.allclose(three, full[12:15], atol=1e-5, rtol=0)
+    assert fast.compile_seconds == seconds  # nothing compiled on the way
+    with pytest.raises(ValueError, match="token_counts"):
+        fast.warmup(token_counts=(65,))

@@ -10,6 +10,8 @@ import pytest
 import torch
 from conftest import random_model
 
+from helpers import fast_decode
+from helpers.fast_decode import FastGenerator, compile_available
 from helpers.generate import generate
 from helpers.model import ModelConfig
 from helpers.sampling import SamplingConfig, probabilities
@@ -24,6 +26,7 @@ from helpers.speculative import (
     prompt_lookup_generate,
     speculative_generate,
     total_variation,
+    warmup_speculative,
 )
 
 
@@ -388,3 +391,103 @@ def test_bad_input_raises_value_error(tiny_pair):
         prompt_lookup_generate(target, [1, 2], 5, min_ngram=1.5)
     with pytest.raises(ValueError, match="alpha"):
         expected_tokens_per_target_call(1.5, 3)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the same loop on static steps (FastGenerator): eagerly, compiled, and falling back
+
+
+def _fast_pair(tiny_pair, compile):
+    target, draft = tiny_pair
+    return FastGenerator(target, compile=compile), FastGenerator(draft, compile=compile)
+
+
+def test_static_eager_speculative_equals_target_greedy(tiny_pair):
+    target, _ = tiny_pair
+    fast_t, fast_d = _fast_pair(tiny_pair, compile=False)
+    for prompt in ([0], [1, 2], [4, 0, 3, 3, 1, 2, 0]):
+        for n in (0, 1, 2, 7, 40):
+            ref = generate(target, prompt, n)
+            for gamma in (1, 4, 16):
+                out, stats = speculative_generate(fast_t, fast_d, prompt, n, gamma=gamma)
+                assert torch.equal(out, ref), (prompt, n, gamma)
+                assert stats.new_tokens == n and stats.target_calls == stats.rounds
+    prompt = [4, 0, 3]
+    eos = generate(target, prompt, 40)[0, 8].item()
+    assert torch.equal(speculative_generate(fast_t, fast_d, prompt, 40, eos_id=eos)[0],
+                       generate(target, prompt, 40, eos_id=eos))
+
+
+@pytest.mark.skipif(not compile_available(), reason="torch.compile needs a C++ compiler on the CPU")
+def test_compiled_speculative_equals_target_greedy(tiny_pair):
+    target, draft = tiny_pair
+    fast_t, fast_d = _fast_pair(tiny_pair, compile=True)
+    gamma = 3
+    seconds = warmup_speculative(fast_t, fast_d, gamma)
+    assert seconds > 0 and fast_t.compiled_token_counts == (1, gamma + 1) and fast_d.compiled_token_counts == (1, 2)
+    # n = 1 has no draft step; 2, 5, 7 end on a short round (g < gamma: the eager static verify)
+    for prompt in ([0], [1, 2], [4, 0, 3, 3, 1, 2, 0]):
+        for n in (1, 2, 5, 7, 40, 57):
+            out, stats = speculative_generate(fast_t, fast_d, prompt, n, gamma=gamma)
+            assert torch.equal(out, generate(target, prompt, n)), (prompt, n)
+    assert any(a == gamma for a in stats.accepted)  # full acceptances: the draft's 2-token catch-up step ran
+    assert fast_t.compile_seconds == fast_t.warmup() and fast_d.compile_seconds == fast_d.warmup()  # no new graph
+    # the draft as good as it gets: the target itself, so every proposal is accepted
+    self_draft = FastGenerator(target)
+    out, stats = speculative_generate(fast_t, self_draft, [1, 2], 40, gamma=gamma)
+    assert torch.equal(out, generate(target, [1, 2], 40))
+    assert stats.acceptance_rate == 1.0
+
+
+@pytest.mark.parametrize("compile", [False, pytest.param(True, marks=pytest.mark.skipif(
+    not compile_available(), reason="torch.compile needs a C++ compiler on the CPU"))], ids=["eager", "compiled"])
+def test_static_speculative_sampling_matches_target_joint(tiny_pair, compile):
+    """The static path's logits equal the eager ones only to float rounding, so a seeded run need not
+    draw the eager loop's tokens; what must hold is the distribution."""
+    target, draft = tiny_pair
+    fast_t, fast_d = _fast_pair(tiny_pair, compile=compile)
+    cfg = SamplingConfig(temperature=1.0)
+    prompt = [1, 3, 0]
+    exact = tiny_exact_joint(target, prompt, cfg)
+    g = torch.Generator().manual_seed(0)
+    samples, runs = [], SpeculativeStats()
+    for _ in range(1200):
+        out, stats = speculative_generate(fast_t, fast_d, prompt, 3, gamma=2, sampling=cfg, generator=g)
+        samples.append(out[0, 3:])
+        runs = runs.merge(stats)
+    counts = outcome_counts(torch.stack(samples), 5)
+    assert chi_square_test(counts, exact)[2] > PASS_P
+    assert chi_square_test(counts, tiny_exact_joint(draft, prompt, cfg))[2] < FAIL_P
+    assert 0.05 < runs.acceptance_rate < 0.95
+
+
+def test_compile_failure_falls_back_to_the_eager_static_path(tiny_pair, monkeypatch):
+    def broken_compile(fn, **kwargs):
+        def fail(*args):
+            raise RuntimeError("no compiler here")
+        return fail
+
+    monkeypatch.setattr(fast_decode, "compile_available", lambda: True)
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    fast_t, fast_d = _fast_pair(tiny_pair, compile=True)
+    with pytest.warns(UserWarning, match="torch.compile failed"):
+        out, _ = speculative_generate(fast_t, fast_d, [1, 2], 30, gamma=3)
+    assert not fast_t.compiled and not fast_d.compiled
+    assert fast_t.compiled_token_counts == ()
+    assert torch.equal(out, generate(tiny_pair[0], [1, 2], 30))
+
+
+def test_static_speculative_rejects_bad_input(tiny_pair):
+    target, draft = tiny_pair
+    fast_t, fast_d = _fast_pair(tiny_pair, compile=False)
+    with pytest.raises(ValueError, match="both be models or both FastGenerators"):
+        speculative_generate(fast_t, draft, [1, 2], 5)
+    with pytest.raises(ValueError, match="both be models or both FastGenerators"):
+        speculative_generate(target, fast_d, [1, 2], 5)
+    short = FastGenerator(draft, max_seq_len=16, compile=False)
+    with pytest.raises(ValueError, match="draft FastGenerator's max_seq_len=16"):
+        speculative_generate(fast_t, short, [1, 2], 20)
+    with pytest.raises(ValueError, match="batch_size=1"):
+        speculative_generate(FastGenerator(target, batch_size=2, compile=False), fast_d, [1, 2], 5)
+    with pytest.raises(ValueError, match="token_counts"):
+        fast_t.warmup(token_counts=(0,))
