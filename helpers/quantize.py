@@ -40,13 +40,17 @@ quantized copy of a course `Transformer`. Kernels (`kernel=`):
                   is materialized), and inputs of more than one row (prefill, batch > 1) take the
                   "reference" path. Measured here (2-core Intel Xeon Sapphire Rapids VM, AVX-512/AMX,
                   torch 2.13, one thread, bench-150m random weights, FastGenerator step at position 16):
-                    fp32 eager 75 ms, fp32 compiled 58-61 ms (595 MB read per step);
-                    int8 (155.7 MB, byte ratio 3.82x): int8pack eager 55 ms, int8pack compiled 37.8 ms,
-                      fused_dequant compiled 37.7 ms, linear_then_scale compiled 207 ms (inductor calls
-                      mm on a dequantized fp32 copy it writes every step);
-                    int4 (91.4 MB, byte ratio 6.51x): int4pack eager 34 ms, int4pack compiled 20.1 ms,
-                      fused_dequant compiled 39.7 ms (unpacking nibbles and applying a scale and zero
-                      per weight: it reads about 2 GB/s where the fp32 step reads 10).
+                  medians of interleaved runs, two runs where two are given (the machine is shared)
+                    fp32 eager 75 ms, fp32 compiled 57-61 ms (595 MB read per step);
+                    int8 (155.7 MB, byte ratio 3.82x): int8pack eager 55 ms, int8pack compiled 31-38 ms,
+                      fused_dequant compiled 33-38 ms, linear_then_scale compiled 207 ms (inductor calls
+                      mm on a dequantized fp32 copy it writes every step, with max_autotune too);
+                    int4 (91.4 MB, byte ratio 6.51x): int4pack eager 34 ms, int4pack compiled 20 ms,
+                      fused_dequant compiled 37-40 ms (unpacking nibbles and applying a scale and zero
+                      per weight: it reads about 2.5 GB/s where the fp32 step reads 10).
+                  Alone (the 52 layers' products, nothing else) the int8 loops took 17 ms against
+                  int8pack's 34 ms; inside the step they lose that lead, and why is not yet known (a
+                  profile shows the gate/up loop about 2x slower there than alone).
                   So int8 ties torch's kernel and int4 loses to it; what fused_dequant adds is fp32
                   activations: logits within 1e-6 of the "reference" kernel (relative to the largest),
                   where the bf16-activation kernels are within 7e-3 and can flip the top token.
@@ -196,19 +200,13 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack([low, high], dim=-1).reshape(packed.shape[0], -1)  # (N, K)
 
 
-@torch.library.custom_op("helpers::materialize", mutates_args=())
 def _materialize(x: torch.Tensor) -> torch.Tensor:
-    """A copy that inductor cannot see into. Without it, inductor inlines the computation of a layer's
+    """A copy that inductor does not see into. Without it, inductor inlines the computation of a layer's
     input (embedding lookup, RMSNorm, residual add, SiLU) into the fused_dequant loop, and so recomputes
     it once per *output* row: the whole-model int8 step then ran 1.4x slower than torch's int8 kernel.
-    It has a price: a Python custom op costs about 85 us per call from the compiled graph (profiled:
-    52 calls, ~4 ms of a ~40 ms bench-150m step). A cheaper way to stop the inlining is not done."""
-    return x.clone()
-
-
-@_materialize.register_fake
-def _(x):
-    return torch.empty_like(x)
+    aten.detach_copy has no inductor lowering (torch 2.13), so it runs as a call into ATen from the
+    generated code (a few microseconds); a Python custom op did the same at ~85 us a call."""
+    return torch.ops.aten.detach_copy(x)
 
 
 def pack_int4_halves(q: torch.Tensor, group_size: int) -> torch.Tensor:
