@@ -247,6 +247,78 @@ def rows_quantized(model, repeats: int, progress) -> list[Row]:
     return rows
 
 
+@torch.no_grad()
+def compiled_step_seconds(fast, n_steps: int = 16, context: int = 16, seed: int = 0) -> float:
+    """decode_step_seconds for a FastGenerator: median seconds of one compiled batch-1 step after a
+    `context`-token random prompt (prefilled eagerly, as FastGenerator.generate does)."""
+    from .generate import prefill
+
+    model, device = fast.model, fast.model.device
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, model.cfg.vocab_size, (1, context), generator=g).to(device)
+    logits = prefill(fast.decode_model, prompt, fast.cache)
+    pos = torch.tensor([context], device=device)
+    times = []
+    for _ in range(n_steps):
+        tok = logits.argmax(-1, keepdim=True)  # (1, 1)
+        synchronize(device)
+        t0 = time.perf_counter()
+        logits = fast.step(tok, pos)
+        synchronize(device)
+        times.append(time.perf_counter() - t0)
+        pos += 1
+    return statistics.median(times)
+
+
+def decode_byte_ratio(model, qmodel, n_past: int) -> float:
+    """Bytes a batch-1 step must read, unquantized / quantized: every matmul weight (codes, scales and
+    zeros for the quantized layers; the full-precision head) plus the KV cache so far. Norms are ignored."""
+    from .flops import forward_bytes
+    from .quantize import weight_bytes_breakdown
+
+    elem = model.embed.weight.element_size()
+    kv = forward_bytes(model.cfg, 1, n_past, bytes_per_weight=0, bytes_per_kv=elem)
+    q = weight_bytes_breakdown(qmodel)
+    head = qmodel.head.weight.numel() * qmodel.head.weight.element_size() if hasattr(qmodel.head, "weight") else 0
+    quantized = q["weights"] + q["scales"] + q["zeros"] + head + kv
+    return forward_bytes(model.cfg, 1, n_past, bytes_per_weight=elem, bytes_per_kv=elem) / quantized
+
+
+def rows_quantized_compiled(model, repeats: int, progress) -> list[Row]:
+    """Weight-only int8 / int4 in the compiled batch-1 step (FastGenerator) against the unquantized compiled step:
+    torch's library kernels ("int8pack", "int4pack", called from the compiled graph) and the "fused_dequant"
+    formulation that inductor generates as one dequantize-multiply-sum loop. Target: half the speedup the
+    bytes read per step allow. Each quantized model compiles its own step (about 30-60 s each on 2 cores)."""
+    from .fast_decode import FastGenerator
+    from .quantize import quantize_model
+
+    n_steps, context = 16, 16
+    S = context + n_steps + 1
+    base_name = "fp32" if model.dtype == torch.float32 else str(model.dtype).replace("torch.", "")
+    base = FastGenerator(model, max_seq_len=S)
+    base.warmup()
+    variants = [("int8", "int8pack"), ("int8", "fused_dequant"), ("int4", "int4pack"), ("int4", "fused_dequant")]
+    rows = []
+    for method, kernel in variants:
+        qmodel = quantize_model(model, method, group_size=64, kernel=kernel)
+        fast = FastGenerator(qmodel, max_seq_len=S)
+        secs = fast.warmup()
+        bound = decode_byte_ratio(model, qmodel, context + n_steps // 2)
+        tb, tc = [], []
+        for _ in range(repeats):
+            tb.append(compiled_step_seconds(base, n_steps, context))
+            tc.append(compiled_step_seconds(fast, n_steps, context))
+        progress()
+        label = f"{method} weight-only" + (", group 64" if method == "int4" else "")
+        rows.append(Row(f"{label} compiled ({kernel}) vs {base_name} compiled, batch-1 decode", f"{base_name} compiled",
+                        f"{method} {kernel}", _ratios(tb, tc), f"{statistics.median(tb) * 1e3:.1f} ms",
+                        f"{statistics.median(tc) * 1e3:.1f} ms", target=round(bound / 2, 2),
+                        note=f"byte ratio {bound:.2f}x; {fast.compile_source} in {secs:.0f} s; "
+                             f"{model.num_parameters() / 1e6:.0f}M random weights"))
+        del fast, qmodel
+    return rows
+
+
 def quantized_quality(model, tok, n_windows: int = 8) -> str:
     """Validation bits/byte and top-1 agreement of the course model's int8 / int4 copies."""
     from .data import encode_documents, validation_documents
@@ -601,7 +673,7 @@ def main(argv=None):
     draft, _ = load_model("draft", device=device, dtype=dtype)
     big = random_model(args.big_preset, device, dtype)
 
-    n_quant = 3 if device.type == "cpu" else 2
+    n_quant = (3 if device.type == "cpu" else 2) + (0 if args.no_compile else 4)
     steps = (0 if args.no_compile else 1 + 4 + 1 + 2 + 2) + cache_repeats + (1 if args.no_compile else 2) + 2 + 3 + \
         n_quant + repeats
     bar = progress_bar(total=steps, desc="bench", unit="run")
@@ -629,6 +701,8 @@ def main(argv=None):
     if fast is not None:  # the same prompts, compiled draft and verify steps against the compiled plain loop
         rows += rows_speculative_compiled(model, draft, tok, n_spec, 2 if quick else 3, fast, lambda: bar.update(1))
     rows += rows_quantized(big, 3 if quick else 5, lambda: bar.update(1))
+    if fast is not None:
+        rows += rows_quantized_compiled(big, 3 if quick else 5, lambda: bar.update(1))
     rows.append(row_decode_bandwidth(big, repeats, lambda: bar.update(1)))
     from .serving.bench import serving_rows  # chapter 13's targets: many requests at once
 

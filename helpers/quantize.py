@@ -31,6 +31,32 @@ quantized copy of a course `Transformer`. Kernels (`kernel=`):
                   `dynamic_weight_bits()` says which applies on this machine (it asks the kernel).
     "linear_then_scale"  int8: F.linear(x, q.to(x.dtype)) * scale, the form torch.compile fuses into one
                   kernel on a GPU (gpt-fast's weight-only int8). In eager mode it is not fast.
+    "fused_dequant"  int8 or int4, written for torch.compile: at batch 1 (one input row) the product is
+                  an elementwise dequantize-multiply followed by a sum over K, (x * dequant(q)).sum(-1),
+                  which inductor generates as one C++ loop per output (load 16 codes, convert, scale,
+                  multiply-add) that never writes a full-precision weight. int4 codes are stored two per
+                  byte in its own layout (the first and second half of each group share a byte), so the
+                  unpacking is two bit operations in that loop. Eager it is slow (the broadcast product
+                  is materialized), and inputs of more than one row (prefill, batch > 1) take the
+                  "reference" path. Measured here (2-core Intel Xeon Sapphire Rapids VM, AVX-512/AMX,
+                  torch 2.13, one thread, bench-150m random weights, FastGenerator step at position 16):
+                  medians of interleaved runs, two runs where two are given (the machine is shared)
+                    fp32 eager 75 ms, fp32 compiled 57-61 ms (595 MB read per step);
+                    int8 (155.7 MB, byte ratio 3.82x): int8pack eager 55 ms, int8pack compiled 31-38 ms,
+                      fused_dequant compiled 33-38 ms, linear_then_scale compiled 207 ms (inductor calls
+                      mm on a dequantized fp32 copy it writes every step, with max_autotune too);
+                    int4 (91.4 MB, byte ratio 6.51x): int4pack eager 34 ms, int4pack compiled 20 ms,
+                      fused_dequant compiled 37-40 ms (unpacking nibbles and applying a scale and zero
+                      per weight: it reads about 2.5 GB/s where the fp32 step reads 10).
+                  Alone (the 52 layers' products, nothing else) the int8 loops took 17 ms against
+                  int8pack's 34 ms; inside the step they lose that lead, and why is not yet known (a
+                  profile shows the gate/up loop about 2x slower there than alone).
+                  So int8 ties torch's kernel and int4 loses to it; what fused_dequant adds is fp32
+                  activations: logits within 1e-6 of the "reference" kernel (relative to the largest),
+                  where the bf16-activation kernels are within 7e-3 and can flip the top token.
+                  The numbers vary by CPU: inductor's loop and torch's library kernels are vectorized
+                  differently per instruction set. Not measured on a GPU (there the same graph becomes
+                  a Triton kernel).
     "auto"        CPU: int8 -> "int8pack", int4 -> "int4pack"; CUDA: int8 -> "linear_then_scale", int4
                   -> "int4pack". On a shared 2-core x86 CPU (one thread), whole-model decode of a
                   137M-parameter model ran about 1.8x (int8pack), 3x (dynamic) and 3x (int4pack) faster
@@ -57,7 +83,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 METHODS = ("int8", "int4")
-KERNELS = ("auto", "reference", "int8pack", "int4pack", "dynamic", "linear_then_scale")
+KERNELS = ("auto", "reference", "int8pack", "int4pack", "dynamic", "linear_then_scale", "fused_dequant")
 KERNEL_GROUP_SIZES = (32, 64, 128, 256)  # what torch's int4 kernels accept
 STORAGE_DTYPE = torch.bfloat16  # scales and zeros
 _TINY = 1e-10  # smallest scale: an all-zero row or group quantizes to zeros instead of dividing by 0
@@ -174,6 +200,37 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack([low, high], dim=-1).reshape(packed.shape[0], -1)  # (N, K)
 
 
+def _materialize(x: torch.Tensor) -> torch.Tensor:
+    """A copy that inductor does not see into. Without it, inductor inlines the computation of a layer's
+    input (embedding lookup, RMSNorm, residual add, SiLU) into the fused_dequant loop, and so recomputes
+    it once per *output* row: the whole-model int8 step then ran 1.4x slower than torch's int8 kernel.
+    aten.detach_copy has no inductor lowering (torch 2.13), so it runs as a call into ATen from the
+    generated code (a few microseconds); a Python custom op did the same at ~85 us a call."""
+    return torch.ops.aten.detach_copy(x)
+
+
+def pack_int4_halves(q: torch.Tensor, group_size: int) -> torch.Tensor:
+    """The "fused_dequant" layout: (N, K) uint8 codes (0..15) -> (N, G, g/2) uint8, where byte j of a group
+    holds code j in its low nibble and code j + g/2 in its high nibble. Unpacking is then `& 15` and
+    `>> 4` with no interleave, which a compiled loop does in registers."""
+    if q.dtype != torch.uint8 or q.dim() != 2:
+        raise ValueError(f"q must be a 2-D uint8 tensor; got {q.dtype} {tuple(q.shape)}")
+    N, K = q.shape
+    _check_group_size(group_size, K)
+    if group_size % 2:
+        raise ValueError(f"group_size must be even to pack two codes per byte; got {group_size}")
+    if int(q.max()) > 15:
+        raise ValueError(f"q must hold 4-bit codes in [0, 15]; got max {int(q.max())}")
+    halves = q.reshape(N, K // group_size, 2, group_size // 2)  # (N, G, 2, g/2)
+    return (halves[:, :, 0] | (halves[:, :, 1] << 4)).contiguous()
+
+
+def unpack_int4_halves(packed: torch.Tensor) -> torch.Tensor:
+    """Inverse of pack_int4_halves: (N, G, g/2) uint8 -> (N, K) uint8 codes."""
+    N = packed.shape[0]
+    return torch.stack([packed & 0x0F, packed >> 4], dim=2).reshape(N, -1)  # (N, G, 2, g/2) -> (N, K)
+
+
 # ---------------------------------------------------------------------------------------------
 # A drop-in nn.Linear on real kernels
 # ---------------------------------------------------------------------------------------------
@@ -190,6 +247,7 @@ def available_kernels(method: str, device) -> list[str]:
     elif method == "int4" and device.type in ("cpu", "cuda"):
         if device.type == "cpu" or torch.cuda.get_device_capability(device)[0] >= 8:
             out.append("int4pack")
+    out.append("fused_dequant")  # plain tensor ops: any device
     return out
 
 
@@ -249,7 +307,11 @@ class QuantizedLinear(nn.Module):
         if self.kernel == "int4pack" and self.device_type == "cuda" and N % 8:
             raise ValueError(f"out_features ({N}) must be a multiple of 8 for the CUDA int4 kernel")
         q, scales, zeros = quantize_groupwise(w, bits=4, group_size=group_size, scale_dtype=STORAGE_DTYPE)
-        if self.kernel == "reference":
+        if self.kernel == "fused_dequant":
+            self.register_buffer("qweight", pack_int4_halves(q, group_size))  # (N, G, g/2) uint8
+            self.register_buffer("scales", scales)  # (N, G) bf16
+            self.register_buffer("zeros", zeros)  # (N, G) bf16
+        elif self.kernel == "reference":
             self.register_buffer("qweight", pack_int4(q))  # (N, K/2) uint8: two codes per byte
             self.register_buffer("scales", scales)  # (N, G) bf16
             self.register_buffer("zeros", zeros)  # (N, G) bf16
@@ -277,10 +339,14 @@ class QuantizedLinear(nn.Module):
             else:
                 q = self.qweight
             return dequantize_absmax(q, self.scales.unsqueeze(1), dtype)
-        if self.kernel != "reference":
-            raise ValueError("dequantized_weight of an int4 layer needs kernel='reference'; got "
-                             f"kernel={self.kernel!r}")
-        return dequantize_groupwise(unpack_int4(self.qweight), self.scales, self.zeros, self.group_size, dtype=dtype)
+        if self.kernel == "fused_dequant":
+            codes = unpack_int4_halves(self.qweight)  # (N, K) uint8
+        elif self.kernel == "reference":
+            codes = unpack_int4(self.qweight)
+        else:
+            raise ValueError("dequantized_weight of an int4 layer needs kernel='reference' or 'fused_dequant'; "
+                             f"got kernel={self.kernel!r}")
+        return dequantize_groupwise(codes, self.scales, self.zeros, self.group_size, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type != self.device_type:
@@ -292,6 +358,10 @@ class QuantizedLinear(nn.Module):
             return F.linear(x, self.dequantized_weight(x.dtype))
         if self.kernel == "linear_then_scale":
             return F.linear(x, self.qweight.to(x.dtype)) * self.scales.to(x.dtype)
+        if self.kernel == "fused_dequant":
+            if x.numel() != self.in_features:  # more than one row: materializing (M, N, K) would not pay
+                return F.linear(x, self.dequantized_weight(x.dtype))
+            return self._fused_dequant_row(x)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)  # (M, K)
         if self.kernel == "dynamic":
@@ -307,6 +377,23 @@ class QuantizedLinear(nn.Module):
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.to(torch.bfloat16).contiguous(), self.qweight,
                                                            self.group_size, self.scales_and_zeros)
         return y.to(x.dtype).reshape(*lead, self.out_features)
+
+    def _fused_dequant_row(self, x: torch.Tensor) -> torch.Tensor:
+        """One input row, (..., K) with a single row -> (..., N), as elementwise work plus one sum over K:
+        the shape inductor fuses into a single loop. Accumulates in x's dtype."""
+        lead, N = x.shape[:-1], self.out_features
+        if torch.compiler.is_compiling():
+            x = _materialize(x)  # (..., K): computed once, not once per output row
+        if self.method == "int8":
+            prod = x.reshape(1, self.in_features) * self.qweight.to(x.dtype)  # (N, K): never stored once compiled
+            return (prod.sum(-1) * self.scales.to(x.dtype)).reshape(*lead, N)
+        G, g = self.qweight.shape[1], self.group_size
+        xg = x.reshape(1, G, 2, g // 2)  # (1, G, 2, g/2): a group's first and second half
+        scale = self.scales.to(x.dtype).unsqueeze(-1)  # (N, G, 1)
+        zero = self.zeros.to(x.dtype).unsqueeze(-1)  # (N, G, 1)
+        low = ((self.qweight & 0x0F).to(x.dtype) - 8) * scale + zero  # (N, G, g/2): w of the first halves
+        high = ((self.qweight >> 4).to(x.dtype) - 8) * scale + zero  # (N, G, g/2): w of the second halves
+        return (xg[:, :, 0] * low + xg[:, :, 1] * high).sum((-2, -1)).reshape(*lead, N)
 
     def nbytes(self) -> dict:
         """Bytes of the format: codes, scales and zeros (a kernel's tiled layout has the same size)."""

@@ -21,7 +21,9 @@ import torch
 import torch.nn as nn
 from conftest import random_model
 
-from helpers.generate import generate
+from helpers.fast_decode import FastGenerator, compile_available
+from helpers.generate import decode_one_token, generate, prefill
+from helpers.kv_cache import KVCache
 from helpers.model import ModelConfig
 from helpers.quantize import (
     QuantizedLinear,
@@ -31,10 +33,12 @@ from helpers.quantize import (
     dynamic_int8_saturates,
     dynamic_weight_bits,
     pack_int4,
+    pack_int4_halves,
     quantize_absmax,
     quantize_groupwise,
     quantize_model,
     unpack_int4,
+    unpack_int4_halves,
     weight_bytes_breakdown,
 )
 
@@ -147,6 +151,14 @@ def test_pack_unpack_int4():
     assert packed[0, 0] == q[0, 0] | (q[0, 1] << 4)  # even k in the low nibble
 
 
+def test_pack_unpack_int4_halves():
+    q = torch.randint(0, 16, (5, 96), dtype=torch.uint8)
+    packed = pack_int4_halves(q, 32)
+    assert packed.shape == (5, 3, 16) and packed.dtype == torch.uint8
+    assert torch.equal(unpack_int4_halves(packed), q)
+    assert packed[0, 1, 2] == q[0, 32 + 2] | (q[0, 32 + 16 + 2] << 4)  # a group's halves share a byte
+
+
 # --- real kernels vs the reference -----------------------------------------------------------
 
 SHAPES = [(768, 256), (256, 704), (64, 128)]  # the course model's wqkv, w_down, and a tiny layer
@@ -192,6 +204,41 @@ def test_cpu_kernels_match_reference(N, K, method, group_size):
             bound = 1e-5 * expected.abs().max()
         err = (y.reshape(-1, N) - expected).abs()
         assert (err <= bound).all(), f"{kernel}: max error {err.max().item():.3g}"
+
+
+@pytest.mark.parametrize("method,N,K,group_size", [("int8", 37, 100, None), ("int8", 1, 7, None),
+                                                   ("int4", 37, 96, 32), ("int4", 5, 256, 128)])
+def test_fused_dequant_single_row_matches_reference(method, N, K, group_size):
+    """The batch-1 path (the one a compiled step fuses) on odd shapes, eager: every leading shape of one row."""
+    w = weights(N, K, seed=3)
+    reference = QuantizedLinear(w, method, group_size or 64, kernel="reference")
+    layer = QuantizedLinear(w, method, group_size or 64, kernel="fused_dequant")
+    assert torch.equal(layer.dequantized_weight(), reference.dequantized_weight())  # the same codes
+    x = torch.randn(K, generator=torch.Generator().manual_seed(4))
+    expected = reference(x.reshape(1, K))  # (1, N)
+    for shape in [(K,), (1, K), (1, 1, K)]:
+        y = layer(x.reshape(shape))
+        assert y.shape == shape[:-1] + (N,) and y.dtype == x.dtype
+        assert (y.reshape(1, N) - expected).abs().max() <= 1e-5 * expected.abs().max()
+
+
+@pytest.mark.skipif(not compile_available(), reason="torch.compile needs a C++ compiler on the CPU")
+def test_fused_dequant_compiled_matches_reference(tiny_model):
+    """The compiled batch-1 step of an int8 and an int4 model (where the kernel is meant to run) gives the
+    reference kernel's greedy tokens and logits to float rounding."""
+    prompt = torch.tensor([[1, 2, 3, 4]])
+    for method in ("int8", "int4"):
+        ref = quantize_model(tiny_model, method, 32, kernel="reference")
+        fast = FastGenerator(quantize_model(tiny_model, method, 32, kernel="fused_dequant"), max_seq_len=24)
+        assert fast.warmup() > 0 and fast.compiled
+        assert torch.equal(fast.generate(prompt, 12), generate(ref, prompt, 12))
+        with torch.no_grad():
+            prefill(fast.decode_model, prompt, fast.cache)
+            ref_cache = KVCache.for_model(ref, max_seq_len=24)
+            prefill(ref, prompt, ref_cache)
+            expected = decode_one_token(ref, torch.tensor([[5]]), ref_cache)  # (1, V)
+        got = fast.step(torch.tensor([[5]]), torch.tensor([4]))
+        assert (got - expected).abs().max() <= 1e-4 * expected.abs().max()
 
 
 DYNAMIC = "dynamic" in available_kernels("int8", "cpu")
@@ -367,6 +414,14 @@ def test_bad_input_raises_value_error(tiny_model):
         QuantizedLinear(w, "int8")(torch.randn(2, 32))
     with pytest.raises(ValueError, match="kernel='reference'"):
         QuantizedLinear(w, "int4", 32, kernel="int4pack").dequantized_weight()
+    with pytest.raises(ValueError, match="in_features=64"):
+        QuantizedLinear(w, "int4", 32, kernel="fused_dequant")(torch.randn(32))
+    with pytest.raises(ValueError, match="group_size"):
+        QuantizedLinear(w, "int4", 48, kernel="fused_dequant")
+    with pytest.raises(ValueError, match="even"):
+        pack_int4_halves(torch.zeros(2, 9, dtype=torch.uint8), 3)
+    with pytest.raises(ValueError, match=r"\[0, 15\]"):
+        pack_int4_halves(torch.full((2, 8), 16, dtype=torch.uint8), 4)
 
 
 # --- CUDA (skipped without a GPU) ------------------------------------------------------------
