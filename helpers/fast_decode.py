@@ -58,6 +58,14 @@ from .generate import _setup, _stop_checker, prefill
 from .kv_cache import KVCache
 from .sampling import SamplingConfig, next_token
 
+# dynamo keeps at most `recompile_limit` graphs per code object, and every FastGenerator compiles the same
+# methods (_static_step, _static_forward): each model, buffer size and token count is one more graph of that
+# code. The default (8) is reached by one process that builds a dozen generators (the bench does: compile
+# levers, speculative draft and target, quantized models), after which compiling fails with
+# FailOnRecompileLimitHit and the generator falls back to eager. Each graph is still guarded by its own
+# generator's tensors, so a larger limit only lets more generators coexist.
+torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+
 _REPO_CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache", "inductor")
 
 

@@ -171,3 +171,16 @@ def test_forward_compiles_the_warmed_token_counts_only(model):
     assert fast.compile_seconds == seconds  # nothing compiled on the way
     with pytest.raises(ValueError, match="token_counts"):
         fast.warmup(token_counts=(65,))
+
+
+@pytest.mark.skipif(not compile_available(), reason="torch.compile needs a C++ compiler on the CPU")
+def test_many_generators_in_one_process_all_compile(model):
+    # every generator compiles the same methods: dynamo's default limit of 8 graphs per code object
+    # made the ninth generator fall back to eager (FailOnRecompileLimitHit)
+    prompt = [1, 2, 3]
+    ref = generate(model, prompt, 5)
+    gens = [FastGenerator(model, max_seq_len=8 + i) for i in range(9)]
+    for g in gens:
+        g.warmup()
+    assert all(g.compiled for g in gens), [g.compile_source for g in gens]
+    assert all(torch.equal(g.generate(prompt, 5), ref) for g in gens)
