@@ -64,3 +64,18 @@ def shipped():
     target, tok = load_model("target", device="cpu", dtype=torch.float32)
     draft, _ = load_model("draft", device="cpu", dtype=torch.float32)
     return target, draft, tok
+
+
+@pytest.fixture
+def compile_fails(monkeypatch):
+    """torch.compile "succeeds" but every compiled call raises, as on a machine whose compiler breaks:
+    for the tests of the eager fallback (FastGenerator, compiled speculative decoding)."""
+    from helpers import fast_decode
+
+    def broken_compile(fn, **kwargs):
+        def fail(*args):
+            raise RuntimeError("no compiler here")
+        return fail
+
+    monkeypatch.setattr(fast_decode, "compile_available", lambda: True)
+    monkeypatch.setattr(torch, "compile", broken_compile)
