@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import helpers.fast_decode  # noqa: F401 (sets the compile cache folder, below)
 from helpers.model import ModelConfig, Transformer
 
 REPO = Path(__file__).resolve().parent
@@ -21,8 +22,8 @@ torch.set_num_threads(1)
 # figures the notebooks save during the tests go to a temp folder, not over the committed ones
 # (notebook kernels and the browser test's JupyterLab inherit this)
 os.environ.setdefault("LLM_COURSE_FIGURES", tempfile.mkdtemp(prefix="course-figures-"))
-# keep torch.compile's cache out of the system temp folder
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(REPO / ".cache" / "inductor"))
+# torch.compile's cache: importing helpers.fast_decode (above) pointed TORCHINDUCTOR_CACHE_DIR, unless set, at
+# .cache/inductor/<instruction set> instead of the system temp folder (inductor_cache_dir says why per set)
 
 
 def pytest_configure(config):

@@ -477,7 +477,8 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
 
 def rows_compile_levers(model, tok, n_new: int, repeats: int, fast, progress) -> list[Row]:
     """What each lever of the compiled step buys, each against the plain compiled step (buffer sized to
-    the generation) in the same run: inductor's C++ wrapper, a buffer of the whole context window, and
+    the generation) in the same run: inductor's C++ wrapper, a buffer of the whole context window, the
+    default CPU choices undone (nn.Linear's weight layout, torch's SDPA in place of fused attention), and
     the share of a generation that the (eager) prefill takes: compiling prefill can save at most that."""
     from .fast_decode import FastGenerator
     from .generate import prefill
@@ -496,6 +497,9 @@ def rows_compile_levers(model, tok, n_new: int, repeats: int, fast, progress) ->
               (f"buffer {window} (whole window)", FastGenerator(model, max_seq_len=window))]
     if fast.input_major:  # what the default layout buys: the same step with nn.Linear's (out, in) weights
         levers.append(("(out, in) weights, nn.Linear's layout", FastGenerator(model, max_seq_len=S, input_major=False)))
+    if fast.static_attention == "sums":  # what the fused attention buys: the same step calling torch's SDPA
+        levers.append(("SDPA in place of fused attention",
+                       FastGenerator(model, max_seq_len=S, static_attention="sdpa")))
     for label, cand in levers:
         secs = cand.warmup()
         same = torch.equal(cand.generate(prompt, n_new), ref)
@@ -674,7 +678,7 @@ def main(argv=None):
     big = random_model(args.big_preset, device, dtype)
 
     n_quant = (3 if device.type == "cpu" else 2) + (0 if args.no_compile else 4)
-    steps = (0 if args.no_compile else 1 + 4 + 1 + 2 + 2) + cache_repeats + (1 if args.no_compile else 2) + 2 + 3 + \
+    steps = (0 if args.no_compile else 1 + 5 + 1 + 2 + 2) + cache_repeats + (1 if args.no_compile else 2) + 2 + 3 + \
         n_quant + repeats
     bar = progress_bar(total=steps, desc="bench", unit="run")
     fast = None

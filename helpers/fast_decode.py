@@ -20,16 +20,24 @@ Tokens are the same as `generate`'s (the tests check greedy equality); logits ag
 since compiled kernels add in a different order. If compilation is impossible (no C++ compiler, an
 unsupported platform) it warns once and runs the same static step eagerly.
 
-Compiling is slow once: the generated code is cached on disk (TORCHINDUCTOR_CACHE_DIR, .cache/inductor
-in this repo), and a later process with the same model shapes loads it in a few seconds. `warmup()`
-says which happened (`compile_source`), and the seconds a cold compile took are kept in a small record
-beside the cache (`cold_compile_seconds`), so a run from the cache can still report them.
+Compiling is slow once: the generated code is cached on disk (TORCHINDUCTOR_CACHE_DIR; in this repo
+.cache/inductor/<instruction set>, see inductor_cache_dir), and a later process with the same model
+shapes loads it in a few seconds. `warmup()` says which happened (`compile_source`), and the seconds a
+cold compile took are kept in a small record beside the cache (`cold_compile_seconds`), so a run from
+the cache can still report them.
 
 On a CPU the generator also keeps each projection's weight transposed, (in, out) and contiguous
 (`input_major_copy`): for a batch-1 step, torch's matrix-vector product over that layout ran
 1.6-2.1x faster than over nn.Linear's (out, in) layout for the course model's 25 projections with
 torch's AVX-512 and AVX2 kernels, 1.1x with SSE4.2 only (chapter 07 measures it on yours). It costs
 a second copy of those weights (19 MB for the course model); `input_major=False` turns it off.
+
+On a CPU the compiled step also attends with explicit sums (`static_attention="sums"`,
+model.attention_as_sums) instead of torch's scaled_dot_product_attention: inductor fuses scores, mask,
+softmax and the weighted sum of V into one generated loop per layer, where the attention kernel is an
+extern call with its own overhead; for the course model that made the whole step about 1.16x faster
+(2.78 -> 2.39 ms/token, interleaved, same greedy tokens on five prompts). Eagerly (and on a GPU) the
+static path keeps SDPA.
 
 `cpp_wrapper=True` asks inductor to drive its kernels from generated C++ instead of generated Python
 (chapter 07 and `python -m helpers.bench` measure what it buys on a CPU).
@@ -56,7 +64,28 @@ import torch.nn as nn
 from .device import synchronize
 from .generate import _setup, _stop_checker, prefill
 from .kv_cache import KVCache
+from .model import Attention
 from .sampling import SamplingConfig, next_token
+
+_REPO_CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache", "inductor")
+
+
+def inductor_cache_dir() -> str:
+    """Where the course keeps inductor's generated code: .cache/inductor/<ATen's CPU capability>, one folder
+    per instruction set ("avx512", "avx2", "default"; set ATEN_CPU_CAPABILITY to choose another).
+
+    One folder per instruction set, because torch 2.13 reused cached code across them: with one shared
+    folder, filled under AVX-512 and then read under ATEN_CPU_CAPABILITY=avx2, the course model's compiled
+    step returned NaN logits, and under ATEN_CPU_CAPABILITY=default its C++ failed to build ("'at::vec' has
+    not been declared"); with a fresh folder each setting compiled and gave generate's tokens. The same
+    would happen to a folder shared by machines with different CPUs (a network home directory, a CI cache).
+    The tests and scripts/run_notebooks.py use this folder too; TORCHINDUCTOR_CACHE_DIR, when set, wins."""
+    return os.path.join(_REPO_CACHE, torch.backends.cpu.get_cpu_capability().lower())
+
+
+# torch._dynamo fixes the cache folder when it is first imported (the system temp folder, unless the variable
+# is set): point it at the course's folder first (TORCHINDUCTOR_CACHE_DIR, when set, wins)
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", inductor_cache_dir())
 
 # dynamo keeps at most `recompile_limit` graphs per code object, and every FastGenerator compiles the same
 # methods (_static_step, _static_forward): each model, buffer size and token count is one more graph of that
@@ -65,8 +94,6 @@ from .sampling import SamplingConfig, next_token
 # FailOnRecompileLimitHit and the generator falls back to eager. Each graph is still guarded by its own
 # generator's tensors, so a larger limit only lets more generators coexist.
 torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-
-_REPO_CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache", "inductor")
 
 
 def compile_available() -> bool:
@@ -77,7 +104,8 @@ def compile_available() -> bool:
 
 
 def _cold_compile_record() -> str:
-    return os.path.join(os.environ.get("TORCHINDUCTOR_CACHE_DIR", _REPO_CACHE), "fast_decode_cold_compiles.json")
+    folder = os.environ.get("TORCHINDUCTOR_CACHE_DIR", inductor_cache_dir())
+    return os.path.join(folder, "fast_decode_cold_compiles.json")
 
 
 def _read_cold_compiles() -> dict:
@@ -118,6 +146,19 @@ def _share_tree(module: nn.Module) -> nn.Module:
     return twin
 
 
+def decode_copy(model: nn.Module, *, input_major: bool, static_attention: str) -> nn.Module:
+    """The model FastGenerator decodes with: a tree sharing `model`'s tensors (projections copied
+    transposed if input_major), whose attention modules attend with `static_attention` on the static path
+    ("sdpa" or "sums", see model.attention_as_sums). `model` itself is not changed."""
+    if static_attention not in ("sdpa", "sums"):
+        raise ValueError(f"static_attention must be 'sdpa' or 'sums'; got {static_attention!r}")
+    twin = input_major_copy(model) if input_major else _share_tree(model)
+    for module in twin.modules():
+        if isinstance(module, Attention):
+            module.static_attention = static_attention
+    return twin
+
+
 def input_major_copy(model: nn.Module) -> nn.Module:
     """The model with every nn.Linear replaced by an InputMajorLinear of the same weight; embeddings,
     norms and RoPE tables are shared with `model`, the projections are copied (transposed). Layers that
@@ -134,11 +175,16 @@ class FastGenerator:
     """A KV cache plus a decode step compiled for it. Reuse one instance for many generations."""
 
     def __init__(self, model, batch_size: int = 1, max_seq_len: int | None = None, compile: bool = True,
-                 mode: str | None = None, cpp_wrapper: bool = False, input_major: bool | None = None):
+                 mode: str | None = None, cpp_wrapper: bool = False, input_major: bool | None = None,
+                 static_attention: str | None = None):
         self.model = model.eval()
-        # on a CPU, decode (and prefill) with the projections stored (in, out): see the module docstring
-        self.input_major = model.device.type == "cpu" if input_major is None else input_major
-        self.decode_model = input_major_copy(self.model) if self.input_major else self.model
+        # on a CPU, decode (and prefill) with the projections stored (in, out), and let the compiled step
+        # attend with explicit sums that inductor fuses: see the module docstring
+        on_cpu = model.device.type == "cpu"
+        self.input_major = on_cpu if input_major is None else input_major
+        self.static_attention = ("sums" if on_cpu else "sdpa") if static_attention is None else static_attention
+        self.decode_model = decode_copy(self.model, input_major=self.input_major,
+                                        static_attention=self.static_attention)
         self.cache = KVCache.for_model(model, batch_size=batch_size, max_seq_len=max_seq_len)
         self.compile_seconds = 0.0
         self.compiled = False
@@ -149,7 +195,6 @@ class FastGenerator:
             self.compile_source = "not compiled: no C++ compiler found, the static step runs eagerly"
             warnings.warn("torch.compile needs a C++ compiler on a CPU and none was found; decoding eagerly")
         if compile and compile_available():
-            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", _REPO_CACHE)
             if mode is None and model.device.type == "cuda":
                 mode = "reduce-overhead"  # CUDA graphs: replay the whole step with one launch
                 # the cache is written in place every step; tell the graph machinery its address never changes
@@ -170,6 +215,7 @@ class FastGenerator:
         m = self.model
         what = (f"{m.cfg.to_dict()} B={self.cache.batch_size} S={self.cache.max_seq_len} {m.dtype} {m.device.type} "
                 f"mode={self.mode} cpp_wrapper={self.cpp_wrapper} input_major={self.input_major} "
+                f"{'' if self.static_attention == 'sdpa' else 'attention=' + self.static_attention + ' '}"
                 f"torch={torch.__version__}")
         if tokens != 1:
             what += f" T={tokens}"

@@ -124,7 +124,32 @@ def apply_rope(x, cos, sin):
     return (x * cos + rotated * sin).to(x.dtype)
 
 
+def attention_as_sums(q, k, v, mask):
+    """Masked grouped-query attention written as explicit sums, for the static decode path under torch.compile.
+
+    q (B, H, T, D); k, v (B, Hkv, S, D) with H a multiple of Hkv; mask (T, S) bool, True where a query may
+    look -> (B, H, T, D), the same as F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+    enable_gqa=True) up to float rounding. The G = H / Hkv query heads that share a K/V head become G*T rows
+    of one head, so K and V are never expanded. Eagerly this materialises a (B, Hkv, G*T, S, D) product
+    (slow, memory-hungry); compiled on a CPU, inductor fuses the whole thing (scores, mask, softmax, the
+    weighted sum of V) into one loop with no extern call, which for a decode step is cheaper than torch's
+    CPU flash-attention kernel (chapter 07 measures it). Not for training: no dropout, no backward tuning."""
+    B, H, T, D = q.shape
+    Hkv = k.shape[1]
+    G = H // Hkv
+    qg = q.reshape(B, Hkv, G * T, D)  # row g*T + t: query head kv*G + g at query t
+    mask = mask.repeat(G, 1)  # (G*T, S)
+    scores = (qg.unsqueeze(-2) * k.unsqueeze(-3)).sum(-1) * D ** -0.5  # (B, Hkv, G*T, S)
+    weights = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+    y = (weights.unsqueeze(-1) * v.unsqueeze(-3)).sum(-2)  # (B, Hkv, G*T, D)
+    return y.view(B, H, T, D)
+
+
 class Attention(nn.Module):
+    # how the static path (fast_decode.py) attends when compiled: "sdpa" (torch's fused kernel) or "sums"
+    # (attention_as_sums, which inductor fuses into one loop); FastGenerator sets it on its own copy
+    static_attention = "sdpa"
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -148,8 +173,11 @@ class Attention(nn.Module):
             # attend over the whole buffer with a mask, so no shape depends on the position
             layer_cache.k.index_copy_(2, start_pos, k)
             layer_cache.v.index_copy_(2, start_pos, v)
-            y = F.scaled_dot_product_attention(q, layer_cache.k, layer_cache.v, attn_mask=static_mask,
-                                               enable_gqa=Hkv != H)  # (B, H, T, D)
+            if self.static_attention == "sums" and torch.compiler.is_compiling():
+                y = attention_as_sums(q, layer_cache.k, layer_cache.v, static_mask)  # (B, H, T, D)
+            else:
+                y = F.scaled_dot_product_attention(q, layer_cache.k, layer_cache.v, attn_mask=static_mask,
+                                                   enable_gqa=Hkv != H)  # (B, H, T, D)
             return self.wo(y.transpose(1, 2).reshape(B, T, H * D))
         if layer_cache is not None:
             # write the new keys/values at their positions, read back everything cached so far

@@ -9,7 +9,7 @@ from helpers import fast_decode
 from helpers.fast_decode import FastGenerator, compile_available
 from helpers.generate import generate, prefill
 from helpers.kv_cache import KVCache
-from helpers.model import ModelConfig
+from helpers.model import ModelConfig, attention_as_sums
 
 CFG = ModelConfig.from_preset("tiny", max_seq_len=256)
 
@@ -73,6 +73,8 @@ def test_fast_generator_rejects_bad_input(model):
         fast.generate([1], 5, sampling=SamplingConfig(repetition_penalty=1.2))
     with pytest.raises(ValueError, match="prompt must contain at least 1 token"):
         fast.generate([], 5)
+    with pytest.raises(ValueError, match="static_attention must be 'sdpa' or 'sums'"):
+        FastGenerator(model, compile=False, static_attention="flash")
 
 
 @pytest.mark.cuda
@@ -177,3 +179,50 @@ def test_many_generators_in_one_process_all_compile(model):
         g.warmup()
     assert all(g.compiled for g in gens), [g.compile_source for g in gens]
     assert all(torch.equal(g.generate(prompt, 5), ref) for g in gens)
+
+
+@pytest.mark.parametrize("H, Hkv, T", [(8, 2, 1), (8, 2, 4), (4, 4, 3), (6, 1, 2)])
+def test_attention_as_sums_matches_sdpa(H, Hkv, T):
+    g = torch.Generator().manual_seed(H * 10 + Hkv + T)
+    B, S, D = 2, 24, 16
+    q = torch.randn(B, H, T, D, generator=g)
+    k, v = torch.randn(B, Hkv, S, D, generator=g), torch.randn(B, Hkv, S, D, generator=g)
+    pos = torch.arange(10, 10 + T)  # queries at positions 10.., each sees keys 0..its position
+    mask = torch.arange(S) <= pos.unsqueeze(1)  # (T, S)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=Hkv != H)
+    assert torch.allclose(attention_as_sums(q, k, v, mask), ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.skipif(not compile_available(), reason="torch.compile needs a C++ compiler on the CPU")
+def test_compiled_cpu_step_attends_without_torchs_attention_kernel(model):
+    from torch.profiler import profile
+
+    prompt = [2, 7, 1, 8]
+    ref = generate(model, prompt, 40)
+    ops = {}
+    for attention in ("sums", "sdpa"):
+        fast = FastGenerator(model, max_seq_len=64, static_attention=attention)
+        assert torch.equal(fast.generate(prompt, 40), ref) and fast.compiled
+        with profile() as prof:
+            fast.step(torch.tensor([[3]]), torch.tensor([50]))
+        ops[attention] = {e.key for e in prof.key_averages()}
+    assert FastGenerator(model, compile=False).static_attention == "sums"  # the default on a CPU
+    assert not any("scaled_dot_product" in name for name in ops["sums"])  # fused into inductor's loop
+    assert any("scaled_dot_product" in name for name in ops["sdpa"])
+
+
+@pytest.mark.parametrize("capability", ["avx2", "default"])
+def test_inductor_cache_is_kept_per_instruction_set(capability):
+    # a cache filled under AVX-512 and read under another ATEN_CPU_CAPABILITY gave NaN logits (avx2) or a
+    # failed build (default): each instruction set gets its own folder
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"} | {"ATEN_CPU_CAPABILITY": capability}
+    out = subprocess.run([sys.executable, "-c", "from helpers.fast_decode import inductor_cache_dir as d; print(d())"],
+                         env=env, capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(os.path.dirname(fast_decode._REPO_CACHE)))
+    folder = out.stdout.strip()
+    assert os.path.basename(folder) == capability
+    assert os.path.dirname(folder) == fast_decode._REPO_CACHE
