@@ -72,7 +72,9 @@ DEFAULT_GAMMA = 3  # draft tokens per round with a draft model (chapter 12 measu
 # course target + draft, 3 prompts x 128 tokens x 3 repeats, range over three runs on a shared 2-core CPU:
 # gamma 2: 1.11-1.17x greedy, 0.72-0.75x at T=1; gamma 3: 1.20-1.26x, 0.62-0.66x; gamma 4: 1.15-1.23x,
 # 0.58x; gamma 5: 1.27-1.31x, 0.56-0.57x; gamma 6: 1.23-1.37x, 0.52-0.58x. Longer drafts help greedy a
-# little and hurt sampling more (alpha 0.44 at T=1): none is clearly better for both, so 3.
+# little and hurt sampling more (alpha 0.44 at T=1): none is clearly better for both, so 3. (Measured
+# before the compiled step attended with fused sums, which made plain compiled decoding faster and not the
+# 4-token verify pass: in the bench after that change gamma 3 gave 0.88x greedy, 0.51x at T=1.)
 DEFAULT_COMPILED_GAMMA = DEFAULT_GAMMA
 DEFAULT_LOOKUP_GAMMA = 6  # prompt-lookup proposals per round: no draft steps, but a longer verify pass
 DEFAULT_MAX_NGRAM = 3
