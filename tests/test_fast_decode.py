@@ -209,6 +209,8 @@ def test_compiled_cpu_step_attends_without_torchs_attention_kernel(model):
     assert FastGenerator(model, compile=False).static_attention == "sums"  # the default on a CPU
     assert not any("scaled_dot_product" in name for name in ops["sums"])  # fused into inductor's loop
     assert any("scaled_dot_product" in name for name in ops["sdpa"])
+    # and no activation is copied before its matmul (InputMajorLinear hands over plain-strided rows)
+    assert "aten::clone" not in ops["sums"] and "aten::copy_" not in ops["sums"]
 
 
 @pytest.mark.parametrize("capability", ["avx2", "default"])
