@@ -228,3 +228,15 @@ def test_inductor_cache_is_kept_per_instruction_set(capability):
     folder = out.stdout.strip()
     assert os.path.basename(folder) == capability
     assert os.path.dirname(folder) == fast_decode._REPO_CACHE
+
+
+@pytest.mark.skipif(not compile_available(), reason="torch.compile needs a C++ compiler on the CPU")
+def test_compiled_batch_of_two_equals_generate(model):
+    # two rows through the compiled step: the fused attention's batch dimension and InputMajorLinear's
+    # plain-strided rows (B*T = 2) must keep the rows apart
+    prompt = torch.tensor([[5, 6, 7, 8], [9, 1, 2, 3]])
+    fast = FastGenerator(model, batch_size=2, max_seq_len=64)
+    out = fast.generate(prompt, 30)
+    assert fast.compiled
+    assert torch.equal(out, generate(model, prompt, 30))
+    assert torch.equal(out[1:], generate(model, prompt[1:], 30))  # row 1 alone: the same tokens
