@@ -195,7 +195,7 @@ def test_attention_as_sums_matches_sdpa(H, Hkv, T):
 
 @pytest.mark.skipif(not compile_available(), reason="torch.compile needs a C++ compiler on the CPU")
 def test_compiled_cpu_step_attends_without_torchs_attention_kernel(model):
-    from torch.profiler import profile
+    from helpers.profiling import profile_step
 
     prompt = [2, 7, 1, 8]
     ref = generate(model, prompt, 40)
@@ -203,9 +203,7 @@ def test_compiled_cpu_step_attends_without_torchs_attention_kernel(model):
     for attention in ("sums", "sdpa"):
         fast = FastGenerator(model, max_seq_len=64, static_attention=attention)
         assert torch.equal(fast.generate(prompt, 40), ref) and fast.compiled
-        with profile() as prof:
-            fast.step(torch.tensor([[3]]), torch.tensor([50]))
-        ops[attention] = {e.key for e in prof.key_averages()}
+        ops[attention] = set(profile_step(lambda: fast.step(torch.tensor([[3]]), torch.tensor([50])), steps=2).ops)
     assert FastGenerator(model, compile=False).static_attention == "sums"  # the default on a CPU
     assert not any("scaled_dot_product" in name for name in ops["sums"])  # fused into inductor's loop
     assert any("scaled_dot_product" in name for name in ops["sdpa"])
