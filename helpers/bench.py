@@ -477,9 +477,10 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
 
 def rows_compile_levers(model, tok, n_new: int, repeats: int, fast, progress) -> list[Row]:
     """What each lever of the compiled step buys, each against the plain compiled step (buffer sized to
-    the generation) in the same run: inductor's C++ wrapper, a buffer of the whole context window, the
-    default CPU choices undone (nn.Linear's weight layout, torch's SDPA in place of fused attention), and
-    the share of a generation that the (eager) prefill takes: compiling prefill can save at most that."""
+    the generation) in the same run: a buffer of the whole context window, the default CPU choices undone
+    one at a time (generated Python driving the kernels in place of C++, the weights passed in as inputs
+    in place of frozen constants, nn.Linear's weight layout, torch's SDPA in place of fused attention),
+    and the share of a generation that the (eager) prefill takes: compiling prefill can save at most that."""
     from .fast_decode import FastGenerator
     from .generate import prefill
     from .kv_cache import KVCache
@@ -493,8 +494,11 @@ def rows_compile_levers(model, tok, n_new: int, repeats: int, fast, progress) ->
     ref = plain()
     rows = []
     window = model.cfg.max_seq_len
-    levers = [("inductor cpp_wrapper", FastGenerator(model, max_seq_len=S, cpp_wrapper=True)),
-              (f"buffer {window} (whole window)", FastGenerator(model, max_seq_len=window))]
+    levers = [(f"buffer {window} (whole window)", FastGenerator(model, max_seq_len=window))]
+    if fast.cpp_wrapper:  # what the C++ wrapper buys: the same step driven by inductor's generated Python
+        levers.append(("Python wrapper in place of C++", FastGenerator(model, max_seq_len=S, cpp_wrapper=False)))
+    if fast.freeze:  # what freezing buys: the same step taking its weights as inputs every call
+        levers.append(("weights as inputs, not frozen", FastGenerator(model, max_seq_len=S, freeze=False)))
     if fast.input_major:  # what the default layout buys: the same step with nn.Linear's (out, in) weights
         levers.append(("(out, in) weights, nn.Linear's layout", FastGenerator(model, max_seq_len=S, input_major=False)))
     if fast.static_attention == "sums":  # what the fused attention buys: the same step calling torch's SDPA

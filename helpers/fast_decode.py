@@ -30,7 +30,11 @@ On a CPU the generator also keeps each projection's weight transposed, (in, out)
 (`input_major_copy`): for a batch-1 step, torch's matrix-vector product over that layout ran
 1.6-2.1x faster than over nn.Linear's (out, in) layout for the course model's 25 projections with
 torch's AVX-512 and AVX2 kernels, 1.1x with SSE4.2 only (chapter 07 measures it on yours). It costs
-a second copy of those weights (19 MB for the course model); `input_major=False` turns it off.
+a second copy of those weights (19 MB for the course model); `input_major=False` turns it off. For
+several rows at once (a 4-token verify pass, a batch, a prefill) the same layer multiplies by
+nn.Linear's own (out, in) weight instead, where the library's kernels are faster (InputMajorLinear):
+for 4 rows the 25 products took 2.59 ms instead of 3.89 (interleaved), and the compiled 4-token
+verify pass went from 1.83 to 1.59 times the cost of a 1-token step (`python -m helpers.bench`).
 
 On a CPU the compiled step also attends with explicit sums (`static_attention="sums"`,
 model.attention_as_sums) instead of torch's scaled_dot_product_attention: inductor fuses scores, mask,
@@ -39,8 +43,17 @@ extern call with its own overhead; for the course model that made the whole step
 (2.78 -> 2.39 ms/token, interleaved, same greedy tokens on five prompts). Eagerly (and on a GPU) the
 static path keeps SDPA.
 
-`cpp_wrapper=True` asks inductor to drive its kernels from generated C++ instead of generated Python
-(chapter 07 and `python -m helpers.bench` measure what it buys on a CPU).
+On a CPU, what is left between the kernels goes too. `cpp_wrapper` (on by default there) has inductor
+drive its kernels and matmul calls from generated C++ instead of generated Python, and `freeze` (on by
+default for float weights) compiles the weights in as constants, so a step passes 14 tensors (token,
+position, the cache) instead of 55 through torch.compile's wrappers. Together about 1.17x on the course
+model's step (2.14 -> 1.76 ms, interleaved, same logits). Inductor's weight prepacking (a
+freezing pass that swaps the matmuls for oneDNN's packed ones) is turned off: it made the step 0.87x.
+The weights are fixed when the step compiles (the (in, out) projections are copies anyway): a later
+change to the model is not guaranteed to reach the step, so build a new generator after one.
+Quantized weights are not frozen by default (`freeze=None`): inductor folds constant expressions
+ahead of time, and for the int8 codes of quantize.py's fused_dequant kernel that folding produced
+float32 weights again (the generated loop read no int8 at all).
 
 `forward(tokens, input_pos)` runs T > 1 tokens through the same static path (speculative decoding's
 verify pass and its draft's catch-up step, speculative.py): compiled for each T named in
@@ -60,6 +73,7 @@ import warnings
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from .device import synchronize
 from .generate import _setup, _stop_checker, prefill
@@ -123,24 +137,37 @@ def _inductor_cache_counts() -> tuple[int, int]:
 
 
 class InputMajorLinear(nn.Module):
-    """y = x @ weight_t, with weight_t = W.T stored contiguous: (in_features, out_features).
+    """nn.Linear(W) without bias, that multiplies a single row by a transposed copy of W.
 
-    The same product as nn.Linear(W) (no bias), summed in another order, so equal to float rounding.
-    A batch-1 step reads every weight once either way; on a CPU the kernel for this layout is faster."""
+    One row (a batch-1 decode step): y = x @ weight_t, weight_t = W.T stored contiguous, (in, out): on a
+    CPU torch's matrix-vector kernel over this layout is the faster one (see the module docstring).
+    Several rows (a verify pass over a few tokens, a batch, a prefill): y = x @ W.T over nn.Linear's own
+    (out, in) weight, shared, not copied: for 2 to 8 rows MKL's kernels over (out, in) ran 1.2x to 2.4x
+    faster than over (in, out) for the course model's projections with AVX-512 (2 and 4 rows with AVX2:
+    1.5x to 1.7x; with SSE4.2 only, 1.3x to 1.6x slower). Either way the same product as nn.Linear(W), summed in another order, so
+    equal to float rounding."""
 
     def __init__(self, weight: torch.Tensor):
         super().__init__()
+        self.weight = weight  # (out, in): nn.Linear's parameter itself, for several rows
         self.weight_t = nn.Parameter(weight.detach().t().contiguous(), requires_grad=False)  # (in, out)
 
     def forward(self, x):  # (..., in) -> (..., out)
+        K = x.shape[-1]
+        if x.numel() != K:  # several rows
+            return F.linear(x, self.weight)
         if torch.compiler.is_compiling() and x.is_contiguous():
             # inductor hands a (1, in) activation to the matmul with stride 0 on its size-1 dimension, and
             # the CPU BLAS path copies such an input before multiplying (19 copies a step for the course
-            # model); the same rows with their plain strides are not copied (~3% of the step, interleaved)
-            K = x.shape[-1]
-            rows = x.as_strided((x.numel() // K, K), (K, 1))  # (B*T, in): x's own memory, plain strides
-            return (rows @ self.weight_t).view(*x.shape[:-1], self.weight_t.shape[1])  # (..., out)
+            # model); the same row with plain strides is not copied (~3% of the step, interleaved)
+            row = x.as_strided((1, K), (K, 1))  # (1, in): x's own memory, plain strides
+            return (row @ self.weight_t).view(*x.shape[:-1], self.weight_t.shape[1])  # (..., out)
         return x @ self.weight_t
+
+
+def _float_weights(model: nn.Module) -> bool:
+    """True when every parameter and buffer is floating point (no int8/int4 codes from quantize.py)."""
+    return all(t.is_floating_point() for t in [*model.parameters(), *model.buffers()])
 
 
 def _share_tree(module: nn.Module) -> nn.Module:
@@ -182,8 +209,8 @@ class FastGenerator:
     """A KV cache plus a decode step compiled for it. Reuse one instance for many generations."""
 
     def __init__(self, model, batch_size: int = 1, max_seq_len: int | None = None, compile: bool = True,
-                 mode: str | None = None, cpp_wrapper: bool = False, input_major: bool | None = None,
-                 static_attention: str | None = None):
+                 mode: str | None = None, cpp_wrapper: bool | None = None, input_major: bool | None = None,
+                 static_attention: str | None = None, freeze: bool | None = None):
         self.model = model.eval()
         # on a CPU, decode (and prefill) with the projections stored (in, out), and let the compiled step
         # attend with explicit sums that inductor fuses: see the module docstring
@@ -196,7 +223,9 @@ class FastGenerator:
         self.compile_seconds = 0.0
         self.compiled = False
         self.compile_source = "not compiled (compile=False)"
-        self.cpp_wrapper = cpp_wrapper
+        # on a CPU, the Python around the kernels goes too: C++ drives them, the weights are compiled in
+        self.cpp_wrapper = on_cpu if cpp_wrapper is None else cpp_wrapper
+        self.freeze = (on_cpu and _float_weights(self.decode_model)) if freeze is None else freeze
         step = self._eager_step
         if compile and not compile_available():
             self.compile_source = "not compiled: no C++ compiler found, the static step runs eagerly"
@@ -207,8 +236,15 @@ class FastGenerator:
                 # the cache is written in place every step; tell the graph machinery its address never changes
                 torch._dynamo.mark_static_address(self.cache.k)
                 torch._dynamo.mark_static_address(self.cache.v)
-            options = {"cpp_wrapper": True} if cpp_wrapper else None
-            self._compile_options = dict(mode=mode, fullgraph=True, dynamic=False, options=options)
+            options = {}
+            if self.cpp_wrapper:
+                options["cpp_wrapper"] = True
+            if self.freeze:  # constants, not inputs; keep mm on the weights as stored (prepacking was slower)
+                options.update({"freezing": True, "cpp.weight_prepack": False})
+            if mode is not None and options:  # torch.compile takes a mode or options, not both: spell the mode out
+                options = {**torch._inductor.list_mode_options(mode), **options}
+            self._compile_options = dict(mode=None if options else mode, fullgraph=True, dynamic=False,
+                                         options=options or None)
             step = torch.compile(self._static_step, **self._compile_options)
         self.mode = mode
         self._step = step
@@ -222,6 +258,7 @@ class FastGenerator:
         m = self.model
         what = (f"{m.cfg.to_dict()} B={self.cache.batch_size} S={self.cache.max_seq_len} {m.dtype} {m.device.type} "
                 f"mode={self.mode} cpp_wrapper={self.cpp_wrapper} input_major={self.input_major} "
+                f"{'freeze ' if self.freeze else ''}"
                 f"{'' if self.static_attention == 'sdpa' else 'attention=' + self.static_attention + ' '}"
                 f"torch={torch.__version__}")
         if tokens != 1:
@@ -300,9 +337,13 @@ class FastGenerator:
         _, misses = _inductor_cache_counts()
         t0 = time.perf_counter()
         error = None
+        # dynamo reads inductor's freezing flag itself while tracing (it then treats the weights as
+        # constants, not inputs), so the flag must be set around the calls that trace, not only in options
+        freezing = torch._inductor.config.patch(freezing=True) if self.freeze else contextlib.nullcontext()
         try:
-            for _ in range(2):  # CUDA graphs record on a later call than the first
-                fn(token, pos)
+            with freezing:
+                for _ in range(2):  # CUDA graphs record on a later call than the first
+                    fn(token, pos)
             synchronize(self.model.device)
         except Exception as e:  # noqa: BLE001 - any compiler failure means: run eagerly
             error = e

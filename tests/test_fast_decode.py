@@ -134,9 +134,12 @@ def test_input_major_copy_shares_all_but_the_projections(model):
     assert twin.rope_cos.data_ptr() == model.rope_cos.data_ptr()
     wt = twin.layers[0].mlp.w_down.weight_t
     assert wt.is_contiguous() and torch.equal(wt, model.layers[0].mlp.w_down.weight.t())
+    assert twin.layers[0].mlp.w_down.weight is model.layers[0].mlp.w_down.weight  # (out, in), for several rows
     idx = torch.randint(0, CFG.vocab_size, (2, 30), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert torch.allclose(twin(idx), model(idx), atol=1e-5, rtol=0)  # same products, another summation order
+        one = idx[:1, :1]  # a single row: the (in, out) copy
+        assert torch.allclose(twin(one), model(one), atol=1e-5, rtol=0)
 
 
 def test_input_major_on_or_off_gives_the_tokens_of_generate(model):
@@ -201,7 +204,8 @@ def test_compiled_cpu_step_attends_without_torchs_attention_kernel(model):
     ref = generate(model, prompt, 40)
     ops = {}
     for attention in ("sums", "sdpa"):
-        fast = FastGenerator(model, max_seq_len=64, static_attention=attention)
+        # the generated Python caller: the C++ one (the CPU default) calls the kernels past the profiler
+        fast = FastGenerator(model, max_seq_len=64, static_attention=attention, cpp_wrapper=False)
         assert torch.equal(fast.generate(prompt, 40), ref) and fast.compiled
         ops[attention] = set(profile_step(lambda: fast.step(torch.tensor([[3]]), torch.tensor([50])), steps=2).ops)
     assert FastGenerator(model, compile=False).static_attention == "sums"  # the default on a CPU
@@ -238,3 +242,78 @@ def test_compiled_batch_of_two_equals_generate(model):
     assert fast.compiled
     assert torch.equal(out, generate(model, prompt, 30))
     assert torch.equal(out[1:], generate(model, prompt[1:], 30))  # row 1 alone: the same tokens
+
+
+def test_cpu_defaults_freeze_float_weights_only(model):
+    from helpers.quantize import quantize_model
+
+    fast = FastGenerator(model, compile=False)
+    assert fast.cpp_wrapper and fast.freeze  # the defaults on a CPU
+    # quantized codes are not frozen: constant folding would turn them back into float weights
+    assert not FastGenerator(quantize_model(model, "int8"), compile=False).freeze
+    assert not FastGenerator(model, compile=False, freeze=False, cpp_wrapper=False).freeze
+
+
+@pytest.mark.skipif(not compile_available(), reason="torch.compile needs a C++ compiler on the CPU")
+def test_frozen_weights_are_constants_of_the_compiled_step(model):
+    from torch._inductor.freezing_utils import is_frozen_param
+
+    fast = FastGenerator(model, max_seq_len=48)
+    fast.warmup()
+    assert fast.compiled
+    step_weights = [m.weight_t for m in fast.decode_model.modules() if isinstance(m, fast_decode.InputMajorLinear)]
+    step_weights += [fast.decode_model.embed.weight, fast.decode_model.norm.weight]
+    assert all(is_frozen_param(w) for w in step_weights)  # compiled in as constants, not passed every step
+    plain = FastGenerator(model, max_seq_len=48, freeze=False)
+    plain.warmup()
+    own = [m.weight_t for m in plain.decode_model.modules() if isinstance(m, fast_decode.InputMajorLinear)]
+    assert own and not any(is_frozen_param(w) for w in own)  # its own (in, out) copies: inputs of every step
+    prompt = [3, 1, 4, 1, 5]
+    assert torch.equal(fast.generate(prompt, 40), plain.generate(prompt, 40))
+
+
+_FROZEN_FROM_CACHE = """
+import sys, torch
+from conftest import random_model
+from helpers.fast_decode import FastGenerator
+from helpers.model import ModelConfig
+model = random_model(ModelConfig.from_preset("tiny"), seed=int(sys.argv[1]))
+fast = FastGenerator(model, max_seq_len=32)
+fast.warmup()
+cache, token, pos = fast.cache, torch.tensor([[7]]), torch.tensor([0])
+with torch.no_grad():
+    eager = model(token, cache=type(cache).for_model(model, max_seq_len=32), input_pos=pos, check=False)[:, -1]
+    compiled = fast.step(token, pos)
+print(fast.compiled, fast.compile_source, float((compiled - eager).abs().max()))
+"""
+
+
+@pytest.mark.skipif(not compile_available(), reason="torch.compile needs a C++ compiler on the CPU")
+def test_frozen_step_from_the_cache_reads_its_own_weights(tmp_path):
+    # the compile cache keys frozen weights by shape, not value: a second model of the same shapes loads
+    # the first one's generated code, and must still compute with its own weights
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = os.environ | {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "PYTHONPATH": root}
+    results = []
+    for seed in (1, 2):
+        out = subprocess.run([sys.executable, "-c", _FROZEN_FROM_CACHE, str(seed)], env=env, cwd=root,
+                             capture_output=True, text=True, check=True, timeout=600)
+        compiled, *source, gap = out.stdout.split()
+        results.append((compiled, " ".join(source), float(gap)))
+    assert [r[1] for r in results] == ["compiled cold", "compiled from the on-disk cache"]
+    assert all(r[0] == "True" and r[2] < 1e-5 for r in results)
+
+
+def test_input_major_linear_picks_the_layout_by_row_count():
+    # one row: the (in, out) copy (the faster matrix-vector kernel); several rows: nn.Linear's (out, in)
+    # weight (the faster kernels for a few rows): each path is exactly that product
+    w = torch.randn(96, 64, generator=torch.Generator().manual_seed(2))
+    layer = fast_decode.InputMajorLinear(w)
+    x1, x4 = torch.randn(1, 1, 64), torch.randn(1, 4, 64)
+    with torch.no_grad():
+        assert torch.equal(layer(x1), x1 @ w.t().contiguous())
+        assert torch.equal(layer(x4), torch.nn.functional.linear(x4, w))
