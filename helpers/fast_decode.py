@@ -144,8 +144,8 @@ class InputMajorLinear(nn.Module):
     Several rows (a verify pass over a few tokens, a batch, a prefill): y = x @ W.T over nn.Linear's own
     (out, in) weight, shared, not copied: for 2 to 8 rows MKL's kernels over (out, in) ran 1.2x to 2.4x
     faster than over (in, out) for the course model's projections with AVX-512 (2 and 4 rows with AVX2:
-    1.5x to 1.7x; with SSE4.2 only, 1.3x to 1.6x slower). Either way the same product as nn.Linear(W), summed in another order, so
-    equal to float rounding."""
+    1.5x to 1.7x; with SSE4.2 only, 1.3x to 1.6x slower). Either way the same product as nn.Linear(W),
+    summed in another order, so equal to float rounding."""
 
     def __init__(self, weight: torch.Tensor):
         super().__init__()
