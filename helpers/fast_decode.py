@@ -48,7 +48,7 @@ drive its kernels and matmul calls from generated C++ instead of generated Pytho
 default for float weights) compiles the weights in as constants, so a step passes 14 tensors (token,
 position, the cache) instead of 55 through torch.compile's wrappers. Together about 1.17x on the course
 model's step (2.14 -> 1.76 ms, interleaved, same logits). Inductor's weight prepacking (a
-freezing pass that swaps the matmuls for oneDNN's packed ones) is turned off: it made the step 0.87x.
+freezing pass that swaps each matmul for a packed library call) is turned off: it made the step 0.87x.
 The weights are fixed when the step compiles (the (in, out) projections are copies anyway): a later
 change to the model is not guaranteed to reach the step, so build a new generator after one.
 Quantized weights are not frozen by default (`freeze=None`): inductor folds constant expressions
@@ -212,8 +212,9 @@ class FastGenerator:
                  mode: str | None = None, cpp_wrapper: bool | None = None, input_major: bool | None = None,
                  static_attention: str | None = None, freeze: bool | None = None):
         self.model = model.eval()
-        # on a CPU, decode (and prefill) with the projections stored (in, out), and let the compiled step
-        # attend with explicit sums that inductor fuses: see the module docstring
+        # on a CPU, multiply single rows by projections stored (in, out) (several rows, as in prefill, keep
+        # nn.Linear's layout), and let the compiled step attend with explicit sums that inductor fuses: see
+        # the module docstring
         on_cpu = model.device.type == "cpu"
         self.input_major = on_cpu if input_major is None else input_major
         self.static_attention = ("sums" if on_cpu else "sdpa") if static_attention is None else static_attention
