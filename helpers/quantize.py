@@ -38,20 +38,24 @@ quantized copy of a course `Transformer`. Kernels (`kernel=`):
                   byte in its own layout (the first and second half of each group share a byte), so the
                   unpacking is two bit operations in that loop. Eager it is slow (the broadcast product
                   is materialized), and inputs of more than one row (prefill, batch > 1) take the
-                  "reference" path. Measured here (2-core Intel Xeon Sapphire Rapids VM, AVX-512/AMX,
-                  torch 2.13, one thread, bench-150m random weights, FastGenerator step at position 16):
-                  medians of interleaved runs, two runs where two are given (the machine is shared)
-                    fp32 eager 75 ms, fp32 compiled 57-61 ms (595 MB read per step);
-                    int8 (155.7 MB, byte ratio 3.82x): int8pack eager 55 ms, int8pack compiled 31-38 ms,
-                      fused_dequant compiled 33-38 ms, linear_then_scale compiled 207 ms (inductor calls
-                      mm on a dequantized fp32 copy it writes every step, with max_autotune too);
-                    int4 (91.4 MB, byte ratio 6.51x): int4pack eager 34 ms, int4pack compiled 20 ms,
-                      fused_dequant compiled 37-40 ms (unpacking nibbles and applying a scale and zero
-                      per weight: it reads about 2.5 GB/s where the fp32 step reads 10).
-                  Alone (the 52 layers' products, nothing else) the int8 loops took 17 ms against
-                  int8pack's 34 ms; inside the step they lose that lead, and why is not yet known (a
-                  profile shows the gate/up loop about 2x slower there than alone).
-                  So int8 ties torch's kernel and int4 loses to it; what fused_dequant adds is fp32
+                  "reference" path. The output rows are cut into ROW_SPLIT blocks, each its own sum:
+                  inductor runs sums of the same loop shape in one loop with one accumulator each, and a
+                  single accumulator's chain of dependent additions held the int8 loop to about 6 GB/s
+                  of codes (the fused gate/up product: 0.97 ms for 5.8 MB; the CPU waits on each add),
+                  where the same loop over 11 products at once read 11.5 GB/s.
+                  Measured here (2-core Intel Xeon Sapphire Rapids VM, AVX-512/AMX, torch 2.13, one
+                  thread, bench-150m random weights, FastGenerator step at position 16, helpers.bench's
+                  rows_quantized_compiled, interleaved medians; the machine is shared):
+                    fp32 compiled 48-50 ms (595 MB read per step);
+                    int8 (155.7 MB, byte ratio 3.82x): int8pack compiled 30.9 ms (1.65x), fused_dequant
+                      compiled 19.0 ms (2.62x; 30 ms with one accumulator), linear_then_scale compiled
+                      207 ms in an earlier run (inductor calls mm on a dequantized fp32 copy it writes
+                      every step, with max_autotune too);
+                    int4 (91.4 MB, byte ratio 6.51x): int4pack compiled 16.3 ms (2.92x), fused_dequant
+                      compiled 32.7 ms (1.54x: unpacking nibbles and applying a scale and zero per weight
+                      is the bottleneck, and splitting the rows did not change it: 31.4 ms for 1, 2 or 4
+                      blocks).
+                  So int8 beats torch's kernel and int4 loses to it; fused_dequant also keeps fp32
                   activations: logits within 1e-6 of the "reference" kernel (relative to the largest),
                   where the bf16-activation kernels are within 7e-3 and can flip the top token.
                   The numbers vary by CPU: inductor's loop and torch's library kernels are vectorized
@@ -86,6 +90,7 @@ METHODS = ("int8", "int4")
 KERNELS = ("auto", "reference", "int8pack", "int4pack", "dynamic", "linear_then_scale", "fused_dequant")
 KERNEL_GROUP_SIZES = (32, 64, 128, 256)  # what torch's int4 kernels accept
 STORAGE_DTYPE = torch.bfloat16  # scales and zeros
+ROW_SPLIT = 4  # fused_dequant: output rows in this many blocks, one accumulator each (see _fused_dequant_row)
 _TINY = 1e-10  # smallest scale: an all-zero row or group quantizes to zeros instead of dividing by 0
 
 
@@ -380,20 +385,33 @@ class QuantizedLinear(nn.Module):
 
     def _fused_dequant_row(self, x: torch.Tensor) -> torch.Tensor:
         """One input row, (..., K) with a single row -> (..., N), as elementwise work plus one sum over K:
-        the shape inductor fuses into a single loop. Accumulates in x's dtype."""
+        the shape inductor fuses into a single loop. Accumulates in x's dtype.
+
+        The rows are cut into ROW_SPLIT blocks, each its own sum: inductor gives sums over the same loop
+        shape one loop with an accumulator each, so the CPU runs ROW_SPLIT independent chains of
+        additions at once instead of waiting on one (a single sum's loop ran at about half the speed)."""
         lead, N = x.shape[:-1], self.out_features
         if torch.compiler.is_compiling():
             x = _materialize(x)  # (..., K): computed once, not once per output row
+        x = x.reshape(1, self.in_features)  # (1, K)
+        R = ROW_SPLIT if N % ROW_SPLIT == 0 else 1
+        n = N // R
+        blocks = [self._fused_dequant_rows(x, slice(r * n, (r + 1) * n)) for r in range(R)]  # R x (n,)
+        return torch.cat(blocks).reshape(*lead, N)
+
+    def _fused_dequant_rows(self, x: torch.Tensor, rows: slice) -> torch.Tensor:
+        """x (1, K) times the dequantized weight's `rows` -> (n,)."""
         if self.method == "int8":
-            prod = x.reshape(1, self.in_features) * self.qweight.to(x.dtype)  # (N, K): never stored once compiled
-            return (prod.sum(-1) * self.scales.to(x.dtype)).reshape(*lead, N)
+            prod = x * self.qweight[rows].to(x.dtype)  # (n, K): never stored once compiled
+            return prod.sum(-1) * self.scales[rows].to(x.dtype)
         G, g = self.qweight.shape[1], self.group_size
         xg = x.reshape(1, G, 2, g // 2)  # (1, G, 2, g/2): a group's first and second half
-        scale = self.scales.to(x.dtype).unsqueeze(-1)  # (N, G, 1)
-        zero = self.zeros.to(x.dtype).unsqueeze(-1)  # (N, G, 1)
-        low = ((self.qweight & 0x0F).to(x.dtype) - 8) * scale + zero  # (N, G, g/2): w of the first halves
-        high = ((self.qweight >> 4).to(x.dtype) - 8) * scale + zero  # (N, G, g/2): w of the second halves
-        return (xg[:, :, 0] * low + xg[:, :, 1] * high).sum((-2, -1)).reshape(*lead, N)
+        codes = self.qweight[rows]  # (n, G, g/2)
+        scale = self.scales[rows].to(x.dtype).unsqueeze(-1)  # (n, G, 1)
+        zero = self.zeros[rows].to(x.dtype).unsqueeze(-1)  # (n, G, 1)
+        low = ((codes & 0x0F).to(x.dtype) - 8) * scale + zero  # (n, G, g/2): w of the first halves
+        high = ((codes >> 4).to(x.dtype) - 8) * scale + zero  # (n, G, g/2): w of the second halves
+        return (xg[:, :, 0] * low + xg[:, :, 1] * high).sum((-2, -1))
 
     def nbytes(self) -> dict:
         """Bytes of the format: codes, scales and zeros (a kernel's tiled layout has the same size)."""

@@ -26,6 +26,7 @@ from helpers.generate import decode_one_token, generate, prefill
 from helpers.kv_cache import KVCache
 from helpers.model import ModelConfig
 from helpers.quantize import (
+    ROW_SPLIT,
     QuantizedLinear,
     available_kernels,
     dequantize_absmax,
@@ -207,9 +208,12 @@ def test_cpu_kernels_match_reference(N, K, method, group_size):
 
 
 @pytest.mark.parametrize("method,N,K,group_size", [("int8", 37, 100, None), ("int8", 1, 7, None),
-                                                   ("int4", 37, 96, 32), ("int4", 5, 256, 128)])
+                                                   ("int8", 44, 100, None), ("int4", 37, 96, 32),
+                                                   ("int4", 5, 256, 128), ("int4", 12, 96, 32)])
 def test_fused_dequant_single_row_matches_reference(method, N, K, group_size):
-    """The batch-1 path (the one a compiled step fuses) on odd shapes, eager: every leading shape of one row."""
+    """The batch-1 path (the one a compiled step fuses) on odd shapes, eager: every leading shape of one row.
+    N = 44 and 12 are cut into ROW_SPLIT blocks of rows; 37, 1 and 5 are not (not divisible)."""
+    assert (N % ROW_SPLIT == 0) == (N in (44, 12))
     w = weights(N, K, seed=3)
     reference = QuantizedLinear(w, method, group_size or 64, kernel="reference")
     layer = QuantizedLinear(w, method, group_size or 64, kernel="fused_dequant")
