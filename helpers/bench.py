@@ -17,9 +17,10 @@ compiled draft and verify steps (FastGenerators) against plain compiled decoding
 
 Rows for chapter 07: what each lever of the compiled step buys (inductor's C++ wrapper, the buffer sized
 to the generation, prefill's share of the time), the compiled step against its roofline ceiling, bf16
-against fp32, and llama.cpp on the same weights (GGUF f32 and f16) when llama-cpp-python is installed
-(`pip install llama-cpp-python`: it builds llama.cpp from source, tens of minutes on 2 cores; not yet
-part of CI). Rows for chapter 13 come from helpers/serving/bench.py (continuous vs sequential and
+against fp32 (all-bf16 eager, and bf16 / fp16 weights with fp32 arithmetic in the compiled step), and
+llama.cpp on the same weights (GGUF f32 and f16) when llama-cpp-python is installed (`pip install
+llama-cpp-python`: it builds llama.cpp from source, tens of minutes on 2 cores; not yet part of CI).
+Rows for chapter 13 come from helpers/serving/bench.py (continuous vs sequential and
 static batching, KV utilisation, prefix caching, chunked prefill).
 """
 from __future__ import annotations
@@ -320,7 +321,7 @@ def rows_quantized_compiled(model, repeats: int, progress) -> list[Row]:
 
 
 def quantized_quality(model, tok, n_windows: int = 8) -> str:
-    """Validation bits/byte and top-1 agreement of the course model's int8 / int4 copies."""
+    """Validation bits/byte and top-1 agreement of the course model's int8 / int4 / bf16 / fp16 copies."""
     from .data import encode_documents, validation_documents
     from .evaluate import bits_per_byte
     from .quantize import quantize_model
@@ -331,7 +332,7 @@ def quantized_quality(model, tok, n_windows: int = 8) -> str:
     with torch.no_grad():
         top_ref = model(x[:, :-1]).argmax(-1)
     parts = [f"course model: {ref:.4f} bits/byte"]
-    for method in ("int8", "int4"):
+    for method in ("int8", "int4", "bf16", "fp16"):
         q = quantize_model(model, method, group_size=64)
         bpb = bits_per_byte(q, tok, ids, max_windows=n_windows)["bits_per_byte"]
         with torch.no_grad():
@@ -571,6 +572,39 @@ def rows_precision(model, big, repeats: int, progress) -> list[Row]:
     return rows
 
 
+def rows_precision_compiled(model, big, repeats: int, progress) -> list[Row]:
+    """16-bit weights with float32 arithmetic (quantize.py's "bf16" / "fp16", the fused_dequant loop) in the
+    compiled batch-1 step, against the float32 compiled step, on the course model and the memory-bound
+    random-weight model. Target: faster than float32 (the bytes read per step halve)."""
+    from .fast_decode import FastGenerator
+    from .quantize import quantize_model
+
+    rows = []
+    if model.dtype != torch.float32:
+        return rows
+    n_steps, context = 16, 16
+    S = context + n_steps + 1
+    for label, m in [("course model", model), (f"{big.num_parameters() / 1e6:.0f}M random weights", big)]:
+        base = FastGenerator(m, max_seq_len=S)
+        base.warmup()
+        for method in ("bf16", "fp16"):
+            qm = quantize_model(m, method)
+            fast = FastGenerator(qm, max_seq_len=S)
+            secs = fast.warmup()
+            bound = decode_byte_ratio(m, qm, context + n_steps // 2)
+            tb, tc = [], []
+            for _ in range(repeats):
+                tb.append(compiled_step_seconds(base, n_steps, context))
+                tc.append(compiled_step_seconds(fast, n_steps, context))
+            rows.append(Row(f"{method} weights, fp32 arithmetic, compiled vs fp32 compiled, {label}", "fp32 compiled",
+                            f"{method} weights", _ratios(tb, tc), f"{statistics.median(tb) * 1e3:.2f} ms",
+                            f"{statistics.median(tc) * 1e3:.2f} ms", target=1.0,
+                            note=f"byte ratio {bound:.2f}x; {fast.compile_source} in {secs:.0f} s"))
+            del fast, qm
+        progress()
+    return rows
+
+
 def rows_llama_cpp(model, tok, n_new: int, repeats: int, fast, progress) -> tuple[list[Row], str]:
     """llama.cpp (through llama-cpp-python) on the same weights exported to GGUF f32, against the compiled
     step; same prompt, same number of greedy tokens, same thread count."""
@@ -681,7 +715,7 @@ def main(argv=None):
     draft, _ = load_model("draft", device=device, dtype=dtype)
     big = random_model(args.big_preset, device, dtype)
 
-    n_quant = (3 if device.type == "cpu" else 2) + (0 if args.no_compile else 4)
+    n_quant = (3 if device.type == "cpu" else 2) + (0 if args.no_compile else 4 + 2)  # + rows_precision_compiled
     steps = (0 if args.no_compile else 1 + 5 + 1 + 2 + 2) + cache_repeats + (1 if args.no_compile else 2) + 2 + 3 + \
         n_quant + repeats
     bar = progress_bar(total=steps, desc="bench", unit="run")
@@ -705,6 +739,8 @@ def main(argv=None):
         llama_rows, llama_note = rows_llama_cpp(model, tok, n_hf, repeats, fast, lambda: bar.update(1))
         rows += llama_rows
     rows += rows_precision(model, big, 3 if quick else 5, lambda: bar.update(1))
+    if fast is not None:
+        rows += rows_precision_compiled(model, big, 3 if quick else 5, lambda: bar.update(1))
     rows += rows_speculative(model, draft, tok, n_spec, 2 if quick else 3, lambda: bar.update(1))
     if fast is not None:  # the same prompts, compiled draft and verify steps against the compiled plain loop
         rows += rows_speculative_compiled(model, draft, tok, n_spec, 2 if quick else 3, fast, lambda: bar.update(1))

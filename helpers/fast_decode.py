@@ -53,7 +53,9 @@ The weights are fixed when the step compiles (the (in, out) projections are copi
 change to the model is not guaranteed to reach the step, so build a new generator after one.
 Quantized weights are not frozen by default (`freeze=None`): inductor folds constant expressions
 ahead of time, and for the int8 codes of quantize.py's fused_dequant kernel that folding produced
-float32 weights again (the generated loop read no int8 at all).
+float32 weights again (the generated loop read no int8 at all); the same holds for bf16/fp16 weights
+in an fp32 model (quantize.py's FLOAT_FORMATS), so only a model whose tensors all have its own dtype
+is frozen.
 
 `forward(tokens, input_pos)` runs T > 1 tokens through the same static path (speculative decoding's
 verify pass and its draft's catch-up step, speculative.py): compiled for each T named in
@@ -166,8 +168,9 @@ class InputMajorLinear(nn.Module):
 
 
 def _float_weights(model: nn.Module) -> bool:
-    """True when every parameter and buffer is floating point (no int8/int4 codes from quantize.py)."""
-    return all(t.is_floating_point() for t in [*model.parameters(), *model.buffers()])
+    """True when every parameter and buffer is in the model's own float dtype: no int8/int4 codes and no
+    16-bit weights of an fp32 model from quantize.py (freezing would fold their conversion into fp32)."""
+    return all(t.dtype == model.dtype for t in [*model.parameters(), *model.buffers()])
 
 
 def _share_tree(module: nn.Module) -> nn.Module:

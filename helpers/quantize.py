@@ -13,7 +13,12 @@ kernels expect. `zero` is the value the middle code 8 stands for, as torch's int
 (about the centre of the group's range), so `dequantize_groupwise` is exactly the kernels' formula.
 
 `QuantizedLinear` is a drop-in replacement for a bias-free `nn.Linear`; `quantize_model` returns a
-quantized copy of a course `Transformer`. Kernels (`kernel=`):
+quantized copy of a course `Transformer`. Besides int8 and int4, the methods "bf16" and "fp16" store
+each weight rounded to that 16-bit float format (no scales) while the arithmetic stays in the input's
+dtype: half the bytes of float32 weights, with float32 activations. Their kernels are "reference" and
+"fused_dequant" (the default): torch has no library kernel that multiplies 16-bit weights by float32
+activations, and its all-bf16 kernels were slower than float32 on this CPU (helpers.bench's precision
+rows), so the speed comes from the compiled loop. Kernels (`kernel=`):
 
     "reference"   dequantize the whole weight, then F.linear: the teaching version, any device. It
                   reads the small integers *and* writes and reads a full-precision copy on every call,
@@ -31,7 +36,7 @@ quantized copy of a course `Transformer`. Kernels (`kernel=`):
                   `dynamic_weight_bits()` says which applies on this machine (it asks the kernel).
     "linear_then_scale"  int8: F.linear(x, q.to(x.dtype)) * scale, the form torch.compile fuses into one
                   kernel on a GPU (gpt-fast's weight-only int8). In eager mode it is not fast.
-    "fused_dequant"  int8 or int4, written for torch.compile: at batch 1 (one input row) the product is
+    "fused_dequant"  int8, int4, bf16 or fp16, written for torch.compile: at batch 1 (one input row) the product is
                   an elementwise dequantize-multiply followed by a sum over K, (x * dequant(q)).sum(-1),
                   which inductor generates as one C++ loop per output (load 16 codes, convert, scale,
                   multiply-add) that never writes a full-precision weight. int4 codes are stored two per
@@ -62,13 +67,14 @@ quantized copy of a course `Transformer`. Kernels (`kernel=`):
                   differently per instruction set. Not measured on a GPU (there the same graph becomes
                   a Triton kernel).
     "auto"        CPU: int8 -> "int8pack", int4 -> "int4pack"; CUDA: int8 -> "linear_then_scale", int4
-                  -> "int4pack". On a shared 2-core x86 CPU (one thread), whole-model decode of a
-                  137M-parameter model ran about 1.8x (int8pack), 3x (dynamic) and 3x (int4pack) faster
-                  than fp32; "dynamic" is not the default because rounding activations moved the logits
-                  ten times more than rounding the weights did. With two threads on a busy machine all
-                  three were several times *slower* than fp32 (their parallel loops wait for the busy
-                  core). The CUDA choices follow the torch source (its CUDA _weight_int8pack_mm runs one
-                  thread per output element) and were not measured here.
+                  -> "int4pack"; bf16 and fp16 -> "fused_dequant" everywhere. On a shared 2-core x86
+                  CPU (one thread), whole-model eager decode of a 137M-parameter model ran about 1.8x
+                  (int8pack), 3x (dynamic) and 3x (int4pack) faster than fp32; "dynamic" is not the
+                  default because rounding activations moved the logits ten times more than rounding
+                  the weights did. With two threads on a busy machine all three were several times
+                  *slower* than fp32 (their parallel loops wait for the busy core). The CUDA choices
+                  follow the torch source (its CUDA _weight_int8pack_mm runs one thread per output
+                  element) and were not measured here.
 
 Scales and zeros are stored in bfloat16 (2 bytes each; the int4 kernels require it), and the integers
 are computed from the stored, rounded scales, so dequantizing reproduces exactly what a kernel uses.
@@ -86,7 +92,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-METHODS = ("int8", "int4")
+FLOAT_FORMATS = {"bf16": torch.bfloat16, "fp16": torch.float16}  # 16-bit weights, no scales (see the docstring)
+METHODS = ("int8", "int4", *FLOAT_FORMATS)
 KERNELS = ("auto", "reference", "int8pack", "int4pack", "dynamic", "linear_then_scale", "fused_dequant")
 KERNEL_GROUP_SIZES = (32, 64, 128, 256)  # what torch's int4 kernels accept
 STORAGE_DTYPE = torch.bfloat16  # scales and zeros
@@ -244,6 +251,8 @@ def available_kernels(method: str, device) -> list[str]:
     """Kernels QuantizedLinear can use for `method` on `device` (besides "auto")."""
     device = torch.device(device)
     out = ["reference"]
+    if method in FLOAT_FORMATS:  # no library kernel multiplies 16-bit weights by float32 activations
+        return out + ["fused_dequant"]
     if method == "int8":
         out.append("int8pack")
         if device.type == "cpu" and set(torch.backends.quantized.supported_engines) & {"fbgemm", "x86"}:
@@ -264,6 +273,8 @@ def resolve_kernel(method: str, kernel: str, device) -> str:
     device = torch.device(device)
     available = available_kernels(method, device)
     if kernel == "auto":
+        if method in FLOAT_FORMATS:
+            return "fused_dequant"
         if method == "int4":
             return "int4pack" if "int4pack" in available else "reference"
         return "linear_then_scale" if device.type == "cuda" else "int8pack"
@@ -283,7 +294,8 @@ def _inner_k_tiles(K: int) -> int:
 
 class QuantizedLinear(nn.Module):
     """y = x W^T with W stored as int8 codes (one scale per output row) or int4 codes (one scale and
-    zero per group of `group_size` inputs), scales and zeros in bf16. Output dtype = input dtype."""
+    zero per group of `group_size` inputs), scales and zeros in bf16; or ("bf16", "fp16") W itself in
+    that format. Output dtype = input dtype."""
 
     def __init__(self, weight: torch.Tensor, method: str = "int8", group_size: int = 64, kernel: str = "auto"):
         super().__init__()
@@ -293,6 +305,10 @@ class QuantizedLinear(nn.Module):
         self.out_features, self.in_features = N, K = weight.shape
         self.group_size = group_size if method == "int4" else None
         w = weight.detach()
+        if method in FLOAT_FORMATS:
+            self.weight_bits = 16
+            self.register_buffer("qweight", w.to(FLOAT_FORMATS[method]))  # (N, K): the weight, rounded
+            return
         if method == "int8":
             self.weight_bits = dynamic_weight_bits() if self.kernel == "dynamic" else 8
             q, scales = quantize_absmax(w, bits=self.weight_bits, per_channel=True,
@@ -338,6 +354,8 @@ class QuantizedLinear(nn.Module):
         """The (N, K) matrix this layer multiplies by. For int4 only with kernel="reference" (the
         kernels' tiled layouts are opaque; build a reference layer from the same weight instead)."""
         dtype = dtype or self.dtype
+        if self.method in FLOAT_FORMATS:
+            return self.qweight.to(dtype)
         if self.method == "int8":
             if self.kernel == "dynamic":
                 q = torch.ops.quantized.linear_unpack(self._packed)[0].int_repr()  # (N, K) int8
@@ -401,6 +419,8 @@ class QuantizedLinear(nn.Module):
 
     def _fused_dequant_rows(self, x: torch.Tensor, rows: slice) -> torch.Tensor:
         """x (1, K) times the dequantized weight's `rows` -> (n,)."""
+        if self.method in FLOAT_FORMATS:
+            return (x * self.qweight[rows].to(x.dtype)).sum(-1)  # (n, K) -> (n,)
         if self.method == "int8":
             prod = x * self.qweight[rows].to(x.dtype)  # (n, K): never stored once compiled
             return prod.sum(-1) * self.scales[rows].to(x.dtype)
@@ -417,6 +437,8 @@ class QuantizedLinear(nn.Module):
         """Bytes of the format: codes, scales and zeros (a kernel's tiled layout has the same size)."""
         N, K = self.out_features, self.in_features
         elem = torch.empty((), dtype=STORAGE_DTYPE).element_size()
+        if self.method in FLOAT_FORMATS:
+            return {"weights": N * K * self.qweight.element_size(), "scales": 0, "zeros": 0}
         if self.method == "int8":
             return {"weights": N * K, "scales": N * elem, "zeros": 0}
         G = K // self.group_size

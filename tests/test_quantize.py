@@ -228,12 +228,14 @@ def test_fused_dequant_single_row_matches_reference(method, N, K, group_size):
 
 @pytest.mark.skipif(not compile_available(), reason="torch.compile needs a C++ compiler on the CPU")
 def test_fused_dequant_compiled_matches_reference(tiny_model):
-    """The compiled batch-1 step of an int8 and an int4 model (where the kernel is meant to run) gives the
-    reference kernel's greedy tokens and logits to float rounding."""
+    """The compiled batch-1 step of an int8, an int4 and a bf16-weight model (where the kernel is meant to
+    run) gives the reference kernel's greedy tokens and logits to float rounding; none is frozen (folding
+    would turn their weights back into float32 constants)."""
     prompt = torch.tensor([[1, 2, 3, 4]])
-    for method in ("int8", "int4"):
+    for method in ("int8", "int4", "bf16"):
         ref = quantize_model(tiny_model, method, 32, kernel="reference")
         fast = FastGenerator(quantize_model(tiny_model, method, 32, kernel="fused_dequant"), max_seq_len=24)
+        assert not fast.freeze
         assert fast.warmup() > 0 and fast.compiled
         assert torch.equal(fast.generate(prompt, 12), generate(ref, prompt, 12))
         with torch.no_grad():
@@ -302,6 +304,29 @@ def test_reference_layer_is_dequantize_then_matmul():
         assert torch.allclose(layer(x), x @ layer.dequantized_weight().T, atol=1e-6)
         err = (layer.dequantized_weight() - linear.weight).abs().max()
         assert 0 < err < (0.02 if method == "int8" else 0.1) * linear.weight.abs().max()
+
+
+
+@pytest.mark.parametrize("method", ["bf16", "fp16"])
+def test_float_formats_store_the_rounded_weight(method):
+    """bf16/fp16: the weight itself, rounded to that format (2 bytes, no scales); the arithmetic stays in
+    float32, so every kernel equals x @ w16.float().T, one row (the fused loop) or several."""
+    fmt = {"bf16": torch.bfloat16, "fp16": torch.float16}[method]
+    w = weights(44, 96, seed=5)
+    assert available_kernels(method, "cpu") == ["reference", "fused_dequant"]
+    layer = QuantizedLinear(w, method)
+    assert layer.kernel == "fused_dequant" and layer.qweight.dtype == fmt and layer.weight_bits == 16
+    assert torch.equal(layer.dequantized_weight(), w.to(fmt).float())
+    assert layer.nbytes() == {"weights": 44 * 96 * 2, "scales": 0, "zeros": 0}
+    x = torch.randn(3, 96, generator=torch.Generator().manual_seed(6))
+    expected = x @ w.to(fmt).float().T  # (3, 44)
+    for kernel in ("reference", "fused_dequant"):
+        lay = QuantizedLinear(w, method, kernel=kernel)
+        for rows in (x[:1], x):  # the single-row loop and the several-row path
+            y = lay(rows)
+            assert y.dtype == torch.float32
+            assert (y - expected[:len(rows)]).abs().max() <= 1e-5 * expected.abs().max()
+    assert 0 < (layer.dequantized_weight() - w).abs().max() <= 2.0 ** -8 * w.abs().max()  # bf16 or fp16 rounding
 
 
 # --- whole models ----------------------------------------------------------------------------
