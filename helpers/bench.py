@@ -285,6 +285,20 @@ def decode_byte_ratio(model, qmodel, n_past: int) -> float:
     return forward_bytes(model.cfg, 1, n_past, bytes_per_weight=elem, bytes_per_kv=elem) / quantized
 
 
+def _time_against_compiled(base, model, repeats: int, n_steps: int = 16, context: int = 16):
+    """Compile `model`'s batch-1 step with base's buffer size, then time base's step and it, interleaved.
+    Returns (base seconds, candidate seconds, warm-up seconds, where the candidate's code came from)."""
+    from .fast_decode import FastGenerator
+
+    fast = FastGenerator(model, max_seq_len=base.cache.max_seq_len)
+    secs = fast.warmup()
+    tb, tc = [], []
+    for _ in range(repeats):
+        tb.append(compiled_step_seconds(base, n_steps, context))
+        tc.append(compiled_step_seconds(fast, n_steps, context))
+    return tb, tc, secs, fast.compile_source
+
+
 def rows_quantized_compiled(model, repeats: int, progress) -> list[Row]:
     """Weight-only int8 / int4 in the compiled batch-1 step (FastGenerator) against the unquantized compiled step:
     torch's library kernels ("int8pack", "int4pack", called from the compiled graph) and the "fused_dequant"
@@ -302,21 +316,16 @@ def rows_quantized_compiled(model, repeats: int, progress) -> list[Row]:
     rows = []
     for method, kernel in variants:
         qmodel = quantize_model(model, method, group_size=64, kernel=kernel)
-        fast = FastGenerator(qmodel, max_seq_len=S)
-        secs = fast.warmup()
+        tb, tc, secs, source = _time_against_compiled(base, qmodel, repeats, n_steps, context)
         bound = decode_byte_ratio(model, qmodel, context + n_steps // 2)
-        tb, tc = [], []
-        for _ in range(repeats):
-            tb.append(compiled_step_seconds(base, n_steps, context))
-            tc.append(compiled_step_seconds(fast, n_steps, context))
         progress()
         label = f"{method} weight-only" + (", group 64" if method == "int4" else "")
         rows.append(Row(f"{label} compiled ({kernel}) vs {base_name} compiled, batch-1 decode", f"{base_name} compiled",
                         f"{method} {kernel}", _ratios(tb, tc), f"{statistics.median(tb) * 1e3:.1f} ms",
                         f"{statistics.median(tc) * 1e3:.1f} ms", target=round(bound / 2, 2),
-                        note=f"byte ratio {bound:.2f}x; {fast.compile_source} in {secs:.0f} s; "
+                        note=f"byte ratio {bound:.2f}x; {source} in {secs:.0f} s; "
                              f"{model.num_parameters() / 1e6:.0f}M random weights"))
-        del fast, qmodel
+        del qmodel
     return rows
 
 
@@ -589,18 +598,13 @@ def rows_precision_compiled(model, big, repeats: int, progress) -> list[Row]:
         base.warmup()
         for method in ("bf16", "fp16"):
             qm = quantize_model(m, method)
-            fast = FastGenerator(qm, max_seq_len=S)
-            secs = fast.warmup()
+            tb, tc, secs, source = _time_against_compiled(base, qm, repeats, n_steps, context)
             bound = decode_byte_ratio(m, qm, context + n_steps // 2)
-            tb, tc = [], []
-            for _ in range(repeats):
-                tb.append(compiled_step_seconds(base, n_steps, context))
-                tc.append(compiled_step_seconds(fast, n_steps, context))
             rows.append(Row(f"{method} weights, fp32 arithmetic, compiled vs fp32 compiled, {label}", "fp32 compiled",
                             f"{method} weights", _ratios(tb, tc), f"{statistics.median(tb) * 1e3:.2f} ms",
                             f"{statistics.median(tc) * 1e3:.2f} ms", target=1.0,
-                            note=f"byte ratio {bound:.2f}x; {fast.compile_source} in {secs:.0f} s"))
-            del fast, qm
+                            note=f"byte ratio {bound:.2f}x; {source} in {secs:.0f} s"))
+            del qm
         progress()
     return rows
 
