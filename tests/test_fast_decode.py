@@ -1,6 +1,8 @@
 """The static-shape decode path and the compiled FastGenerator against the plain eager loop."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from conftest import random_model
@@ -251,6 +253,9 @@ def test_cpu_defaults_freeze_float_weights_only(model):
     assert fast.cpp_wrapper and fast.freeze  # the defaults on a CPU
     # quantized codes are not frozen: constant folding would turn them back into float weights
     assert not FastGenerator(quantize_model(model, "int8"), compile=False).freeze
+    # nor are bf16 weights in an fp32 model (folding would widen them); a model all in bf16 is frozen
+    assert not FastGenerator(quantize_model(model, "bf16"), compile=False).freeze
+    assert FastGenerator(copy.deepcopy(model).to(torch.bfloat16), compile=False).freeze
     assert not FastGenerator(model, compile=False, freeze=False, cpp_wrapper=False).freeze
 
 
