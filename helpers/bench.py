@@ -419,8 +419,11 @@ def rows_speculative(target, draft, tok, n_new: int, repeats: int, progress) -> 
 def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast, progress,
                               gamma: int | None = None) -> list[Row]:
     """Speculative decoding with compiled draft and verify steps (FastGenerators, speculative.py) against
-    plain compiled decoding (`fast`, the same generator as the target's), on rows_speculative's prompts,
-    plus the compiled premise: a (gamma + 1)-token verify pass against a 1-token step."""
+    plain compiled decoding (`fast`, the same generator as the target's), on rows_speculative's prompts:
+    greedy with each round one compiled graph (the default) and with the models called one at a time,
+    and T=1. Plus the compiled premise (a (gamma + 1)-token verify pass against a 1-token step), and for
+    each row the most the measured costs allow: tokens per target call / (v + gamma * c), the cost model
+    of chapter 12 with no loop overhead, and the same with a verify pass as cheap as one step (v = 1)."""
     from .data import validation_documents
     from .fast_decode import FastGenerator
     from .speculative import DEFAULT_COMPILED_GAMMA, SpeculativeStats, speculative_generate, warmup_speculative
@@ -434,35 +437,6 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
     compile_note = (f"{gamma + 1}-token verify graph "
                     f"{fast.compile_seconds_by_tokens.get(gamma + 1, 0):.0f} s, draft graphs "
                     f"{fast_draft.compile_seconds:.0f} s" if compiled else "compile unavailable: eager static path")
-    rows, stats = [], {}
-    for label, temperature, target_ratio in [("greedy", 0.0, 2.0), ("T=1", 1.0, 1.3)]:
-        tb, tc, same = [], [], True
-        for r in range(repeats):
-            for p in prompts:
-                gb, gc = torch.Generator().manual_seed(r), torch.Generator().manual_seed(r)
-                out_b, out_c = {}, {}
-                tb.append(_timed(lambda: out_b.setdefault("x", fast.generate(p, n_new, temperature=temperature,
-                                                                              generator=gb)), target.device))
-
-                def spec():
-                    out, st = speculative_generate(fast, fast_draft, p, n_new, gamma=gamma,
-                                                   temperature=temperature, generator=gc)
-                    stats[label] = stats.get(label, SpeculativeStats()).merge(st)
-                    return out
-                tc.append(_timed(lambda: out_c.setdefault("x", spec()), target.device))
-                if temperature == 0:
-                    same &= torch.equal(out_b["x"], out_c["x"])
-        progress()
-        pairs = [sum(tb[i:i + len(prompts)]) / sum(tc[i:i + len(prompts)]) for i in range(0, len(tb), len(prompts))]
-        st = stats[label]
-        note = (f"gamma {gamma}, alpha {st.acceptance_rate:.2f}, {st.tokens_per_target_call:.2f} tokens/target call"
-                + (", distribution: tests/test_speculative.py" if temperature else "") + f"; {compile_note}")
-        rows.append(Row(f"speculative compiled, draft model, {label} vs plain compiled", "plain compiled",
-                        "speculative compiled", pairs, f"{n_new * len(tb) / sum(tb):.0f} tok/s",
-                        f"{n_new * len(tc) / sum(tc):.0f} tok/s", target=target_ratio,
-                        same_output=same if temperature == 0 else None, note=note,
-                        extra={"alpha": st.acceptance_rate, "tokens_per_target_call": st.tokens_per_target_call,
-                               "gamma": gamma, "compile_seconds": secs}))
 
     # the premise, compiled: a (gamma + 1)-token verify pass vs a 1-token step, at positions 64..
     T0 = len(prompts[0])
@@ -473,15 +447,52 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
         return lambda: fast.forward(tokens[T], positions[T])
 
     with torch.no_grad():  # the grad mode the graphs were compiled under
-        tb, tc = interleaved(step(gamma + 1), step(1), target.device, 30 * repeats, warmup=5)
+        tv, t1 = interleaved(step(gamma + 1), step(1), target.device, 30 * repeats, warmup=5)
         # and what a draft proposal costs next to a target step: gamma of them per round
         td, _ = interleaved(lambda: fast_draft.forward(tokens[1], positions[1]), lambda: None, target.device,
                             30 * repeats, warmup=5)
-    draft_share = statistics.median(td) / statistics.median(tc)
+    v = statistics.median(tv) / statistics.median(t1)
+    c = statistics.median(td) / statistics.median(t1)
+
+    rows, stats = [], {}
+    variants = [("greedy", 0.0, True, 2.0), ("greedy, models called one at a time", 0.0, False, None),
+                ("T=1", 1.0, True, 1.3)]
+    for label, temperature, fuse, target_ratio in variants:
+        tb, tc, same = [], [], True
+        for r in range(repeats):
+            for p in prompts:
+                gb, gc = torch.Generator().manual_seed(r), torch.Generator().manual_seed(r)
+                out_b, out_c = {}, {}
+                tb.append(_timed(lambda: out_b.setdefault("x", fast.generate(p, n_new, temperature=temperature,
+                                                                              generator=gb)), target.device))
+
+                def spec():
+                    out, st = speculative_generate(fast, fast_draft, p, n_new, gamma=gamma, temperature=temperature,
+                                                   generator=gc, fuse_rounds=fuse)
+                    stats[label] = stats.get(label, SpeculativeStats()).merge(st)
+                    return out
+                tc.append(_timed(lambda: out_c.setdefault("x", spec()), target.device))
+                if temperature == 0:
+                    same &= torch.equal(out_b["x"], out_c["x"])
+        progress()
+        pairs = [sum(tb[i:i + len(prompts)]) / sum(tc[i:i + len(prompts)]) for i in range(0, len(tb), len(prompts))]
+        st = stats[label]
+        e = st.tokens_per_target_call
+        model_bound, free_verify = e / (v + gamma * c), e / (1 + gamma * c)
+        note = (f"gamma {gamma}, alpha {st.acceptance_rate:.2f}, {e:.2f} tokens/target call; the costs allow "
+                f"{model_bound:.2f}x, {free_verify:.2f}x with v = 1"
+                + (", distribution: tests/test_speculative.py" if temperature else "") + f"; {compile_note}")
+        rows.append(Row(f"speculative compiled, draft model, {label} vs plain compiled", "plain compiled",
+                        "speculative compiled", pairs, f"{n_new * len(tb) / sum(tb):.0f} tok/s",
+                        f"{n_new * len(tc) / sum(tc):.0f} tok/s", target=target_ratio,
+                        same_output=same if temperature == 0 else None, note=note,
+                        extra={"alpha": st.acceptance_rate, "tokens_per_target_call": e, "gamma": gamma,
+                               "compile_seconds": secs, "fused_rounds": fuse and temperature == 0,
+                               "cost_model_bound": model_bound, "bound_with_free_verify": free_verify}))
     rows.append(Row(f"compiled: cost of a {gamma + 1}-token verify pass / 1 step", f"{gamma + 1} tokens", "1 token",
-                    _ratios(tb, tc), f"{statistics.median(tb) * 1e3:.2f} ms", f"{statistics.median(tc) * 1e3:.2f} ms",
-                    note=f"speculation pays when this is near 1; a draft step costs {draft_share:.2f} target steps",
-                    extra={"draft_step_over_target_step": draft_share}))
+                    _ratios(tv, t1), f"{statistics.median(tv) * 1e3:.2f} ms", f"{statistics.median(t1) * 1e3:.2f} ms",
+                    note=f"speculation pays when this is near 1; a draft step costs {c:.2f} target steps",
+                    extra={"draft_step_over_target_step": c}))
     return rows
 
 
@@ -720,7 +731,7 @@ def main(argv=None):
     big = random_model(args.big_preset, device, dtype)
 
     n_quant = (3 if device.type == "cpu" else 2) + (0 if args.no_compile else 4 + 2)  # + rows_precision_compiled
-    steps = (0 if args.no_compile else 1 + 5 + 1 + 2 + 2) + cache_repeats + (1 if args.no_compile else 2) + 2 + 3 + \
+    steps = (0 if args.no_compile else 1 + 5 + 1 + 2 + 3) + cache_repeats + (1 if args.no_compile else 2) + 2 + 3 + \
         n_quant + repeats
     bar = progress_bar(total=steps, desc="bench", unit="run")
     fast = None

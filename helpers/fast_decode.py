@@ -138,6 +138,55 @@ def _inductor_cache_counts() -> tuple[int, int]:
     return counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
 
 
+def _remember_cold_compile(key: str, seconds: float) -> None:
+    """Note in the record beside the cache that the graph with this key took `seconds` to compile cold."""
+    record = _read_cold_compiles()
+    record[key] = round(seconds, 1)
+    try:
+        os.makedirs(os.path.dirname(_cold_compile_record()), exist_ok=True)
+        with open(_cold_compile_record(), "w") as f:
+            json.dump(record, f, indent=1)
+    except OSError:
+        pass  # a read-only cache folder: nothing to remember, nothing lost
+
+
+def compile_options(mode: str | None, *, cpp_wrapper: bool, freeze: bool) -> dict:
+    """torch.compile's keyword arguments for a static decode graph (one fixed shape, the whole graph)."""
+    options = {}
+    if cpp_wrapper:
+        options["cpp_wrapper"] = True
+    if freeze:  # constants, not inputs; keep mm on the weights as stored (prepacking was slower)
+        options.update({"freezing": True, "cpp.weight_prepack": False})
+    if mode is not None and options:  # torch.compile takes a mode or options, not both: spell the mode out
+        options = {**torch._inductor.list_mode_options(mode), **options}
+    return dict(mode=None if options else mode, fullgraph=True, dynamic=False, options=options or None)
+
+
+def warm_compiled(fn, args, caches, slots: int, freeze: bool) -> tuple[Exception | None, float, bool]:
+    """Call a compiled fn(*args) twice, so that it compiles (CUDA graphs record on a later call than the
+    first), keeping the first `slots` positions of each KVCache in `caches` as they were (the call writes
+    them). Returns (the error if it failed, else None; seconds; whether inductor's cache missed: cold)."""
+    saved = [(c.k[:, :, :, :slots].clone(), c.v[:, :, :, :slots].clone()) for c in caches]
+    _, misses = _inductor_cache_counts()
+    t0 = time.perf_counter()
+    error = None
+    # dynamo reads inductor's freezing flag itself while tracing (it then treats the weights as
+    # constants, not inputs), so the flag must be set around the calls that trace, not only in options
+    freezing = torch._inductor.config.patch(freezing=True) if freeze else contextlib.nullcontext()
+    try:
+        with freezing:
+            for _ in range(2):
+                fn(*args)
+        synchronize(caches[0].k.device)
+    except Exception as e:  # noqa: BLE001 - any compiler failure means: run eagerly
+        error = e
+    seconds = time.perf_counter() - t0
+    for c, (k, v) in zip(caches, saved):
+        c.k[:, :, :, :slots] = k
+        c.v[:, :, :, :slots] = v
+    return error, seconds, error is None and _inductor_cache_counts()[1] > misses
+
+
 class InputMajorLinear(nn.Module):
     """nn.Linear(W) without bias, that multiplies a single row by a transposed copy of W.
 
@@ -240,15 +289,7 @@ class FastGenerator:
                 # the cache is written in place every step; tell the graph machinery its address never changes
                 torch._dynamo.mark_static_address(self.cache.k)
                 torch._dynamo.mark_static_address(self.cache.v)
-            options = {}
-            if self.cpp_wrapper:
-                options["cpp_wrapper"] = True
-            if self.freeze:  # constants, not inputs; keep mm on the weights as stored (prepacking was slower)
-                options.update({"freezing": True, "cpp.weight_prepack": False})
-            if mode is not None and options:  # torch.compile takes a mode or options, not both: spell the mode out
-                options = {**torch._inductor.list_mode_options(mode), **options}
-            self._compile_options = dict(mode=None if options else mode, fullgraph=True, dynamic=False,
-                                         options=options or None)
+            self._compile_options = compile_options(mode, cpp_wrapper=self.cpp_wrapper, freeze=self.freeze)
             step = torch.compile(self._static_step, **self._compile_options)
         self.mode = mode
         self._step = step
@@ -336,28 +377,11 @@ class FastGenerator:
         Returns the error if it failed, else None."""
         token = torch.zeros(self.cache.batch_size, tokens, dtype=torch.long, device=self.model.device)
         pos = torch.arange(tokens, device=self.model.device)
-        # the warm-up writes the first slots of the cache: keep what is there, so warming up has no side effect
-        saved = self.cache.k[:, :, :, :tokens].clone(), self.cache.v[:, :, :, :tokens].clone()
-        _, misses = _inductor_cache_counts()
-        t0 = time.perf_counter()
-        error = None
-        # dynamo reads inductor's freezing flag itself while tracing (it then treats the weights as
-        # constants, not inputs), so the flag must be set around the calls that trace, not only in options
-        freezing = torch._inductor.config.patch(freezing=True) if self.freeze else contextlib.nullcontext()
-        try:
-            with freezing:
-                for _ in range(2):  # CUDA graphs record on a later call than the first
-                    fn(token, pos)
-            synchronize(self.model.device)
-        except Exception as e:  # noqa: BLE001 - any compiler failure means: run eagerly
-            error = e
-        seconds = time.perf_counter() - t0
+        error, seconds, cold = warm_compiled(fn, (token, pos), [self.cache], tokens, self.freeze)
         self.compile_seconds += seconds
         self.compile_seconds_by_tokens[tokens] = seconds
-        self.cache.k[:, :, :, :tokens] = saved[0]
-        self.cache.v[:, :, :, :tokens] = saved[1]
-        if error is None and _inductor_cache_counts()[1] > misses:  # a cold compile: remember how long it took
-            self._remember_cold_compile(tokens, seconds)
+        if error is None and cold:  # a cold compile: remember how long it took
+            _remember_cold_compile(self._compile_key(tokens), seconds)
         return error
 
     @torch.no_grad()  # the same grad mode as the decode loop, or its first call would compile a second graph
@@ -391,16 +415,6 @@ class FastGenerator:
                 warnings.warn(f"torch.compile failed for {T} tokens per call ({type(error).__name__}: "
                               f"{str(error)[:200]}); that forward runs eagerly")
         return self.compile_seconds
-
-    def _remember_cold_compile(self, tokens: int, seconds: float) -> None:
-        record = _read_cold_compiles()
-        record[self._compile_key(tokens)] = round(seconds, 1)
-        try:
-            os.makedirs(os.path.dirname(_cold_compile_record()), exist_ok=True)
-            with open(_cold_compile_record(), "w") as f:
-                json.dump(record, f, indent=1)
-        except OSError:
-            pass  # a read-only cache folder: nothing to remember, nothing lost
 
     @torch.no_grad()
     def generate(self, prompt, max_new_tokens: int, *, temperature: float = 0.0,

@@ -5,7 +5,7 @@
 
     # the same loop on compiled static steps: pass FastGenerators instead of models
     fast_target, fast_draft = FastGenerator(target, max_seq_len=320), FastGenerator(draft, max_seq_len=320)
-    warmup_speculative(fast_target, fast_draft, gamma=DEFAULT_COMPILED_GAMMA)  # compiles 4 graphs, once
+    warmup_speculative(fast_target, fast_draft, gamma=DEFAULT_COMPILED_GAMMA)  # compiles 5 graphs, once
     ids, stats = speculative_generate(fast_target, fast_draft, prompt, max_new_tokens=128)
 
 Speculative sampling (Leviathan et al. 2023, "Fast Inference from Transformers via Speculative
@@ -46,6 +46,8 @@ one compiled graph (`warmup_speculative`): the target's (gamma + 1)-token verify
 1-token step and 2-token catch-up (after a fully accepted round the draft has not seen its last
 proposal). The prefill and a last round cut short by max_new_tokens run the same static path eagerly,
 so a generation never compiles in its middle; greedy output still equals `generate`'s token for token.
+A greedy round goes further: draft proposals, verify pass and acceptance are one compiled graph
+(`_GreedyRounds`, the fifth graph), so Python sees a round once instead of gamma + 1 times.
 Sampled tokens keep the target's distribution, but need not equal the eager loop's for the same
 generator: the static path's logits differ from the eager ones by float rounding.
 
@@ -58,11 +60,13 @@ The compiled path compiles neither the prefill nor the short last round (both ea
 from __future__ import annotations
 
 import contextlib
+import warnings
+import weakref
 from dataclasses import dataclass, field
 
 import torch
 
-from .fast_decode import FastGenerator
+from .fast_decode import FastGenerator, compile_options, warm_compiled
 from .generate import as_prompt_tensor, check_generation_length
 from .kv_cache import KVCache
 from .sampling import SamplingConfig, check_generator, next_token, probabilities
@@ -74,7 +78,10 @@ DEFAULT_GAMMA = 3  # draft tokens per round with a draft model (chapter 12 measu
 # 0.58x; gamma 5: 1.27-1.31x, 0.56-0.57x; gamma 6: 1.23-1.37x, 0.52-0.58x. Longer drafts help greedy a
 # little and hurt sampling more (alpha 0.44 at T=1): none is clearly better for both, so 3. (Measured
 # before the compiled step attended with fused sums, which made plain compiled decoding faster and not the
-# 4-token verify pass: in the bench after that change gamma 3 gave 0.88x greedy, 0.51x at T=1.)
+# 4-token verify pass: in the bench after that change gamma 3 gave 0.88x greedy, 0.51x at T=1.) With each
+# greedy round one compiled graph (_GreedyRounds), one noisy run of the bench's rows, gamma 3 / 4 / 5 / 6:
+# greedy 1.14x / 1.39x / 1.30x / 1.29x (models called one at a time: 1.14x / 1.14x / 1.12x / 1.02x), T=1
+# 0.61x / 0.50x / 0.49x / 0.45x. Longer drafts now help greedy, and still hurt sampling; 3 stays.
 DEFAULT_COMPILED_GAMMA = DEFAULT_GAMMA
 DEFAULT_LOOKUP_GAMMA = 6  # prompt-lookup proposals per round: no draft steps, but a longer verify pass
 DEFAULT_MAX_NGRAM = 3
@@ -273,6 +280,106 @@ class _StaticSteps:
         self.length = length
 
 
+class _GreedyRounds:
+    """A whole greedy round on two compiled FastGenerators as ONE compiled graph: the draft's gamma
+    proposals (each an argmax inside the graph, fed straight into the next draft step), the target's
+    verify pass over gamma + 1 positions, and the acceptance (greedy_accept). Python sees the round once:
+    one call, one device -> host read of (accepted, next token, logits usable, proposals).
+
+    Per round, the loop of model calls pays torch.compile's wrapper, a copy of the inputs and the argmax
+    with its check between gamma + 1 graph calls (`python -m helpers.bench` times both loops against plain
+    compiled decoding, on the same prompts in the same run). The draft always starts from the two
+    committed tokens at n - 2 and n - 1, so that one graph serves both cases: after a partial acceptance
+    it rewrites the K/V it already holds at n - 2 with the same token, after a full acceptance it catches
+    up on the proposal it never saw. Positions are a tensor input, so one graph serves every round of
+    every generation with this gamma; rounds cut short by max_new_tokens, and a first round with n < 2,
+    use the loop of model calls. Greedy only: a sampled round draws from a torch.Generator, which a
+    compiled graph does not take."""
+
+    def __init__(self, target: FastGenerator, draft: FastGenerator, gamma: int):
+        self.target, self.draft, self.gamma = target, draft, gamma
+        device = target.model.device
+        self._last2 = torch.zeros(1, 2, dtype=torch.long, device=device)  # (1, 2): ids at n-2, n-1
+        self._n = torch.zeros(1, dtype=torch.long, device=device)  # (1,): the committed length
+        self._arange = torch.arange(gamma + 1, device=device)  # (gamma + 1,)
+        # the weights stay inputs, not frozen constants: passing them costs a round about 1% (7.99 vs 8.09 ms,
+        # interleaved), since the round is one call per gamma + 1 tokens, while a frozen round loaded from the
+        # on-disk cache in 8-10 s instead of about 2 (inductor's freezing passes run before its cache lookup)
+        self.freeze = False
+        self._fn = torch.compile(self._round, **compile_options(target.mode, cpp_wrapper=target.cpp_wrapper,
+                                                                freeze=self.freeze))
+        self.compiled = False
+        self.compile_seconds = 0.0
+
+    # compiled, undecorated (see FastGenerator._static_step); called under no_grad
+    def _round(self, last2, n):  # last2 (1, 2) ids at positions n-2, n-1; n (1,)
+        d, t, g = self.draft, self.target, self.gamma
+        logits = d.decode_model(last2, cache=d.cache, input_pos=n - 2 + self._arange[:2], check=False)[0, -1]  # (V,)
+        finite = torch.isfinite(logits.amax())
+        proposals = [logits.argmax(-1, keepdim=True)]  # gamma x (1,)
+        for i in range(1, g):
+            logits = d.decode_model(proposals[-1].view(1, 1), cache=d.cache, input_pos=n - 1 + i, check=False)[0, -1]
+            finite &= torch.isfinite(logits.amax())
+            proposals.append(logits.argmax(-1, keepdim=True))
+        proposed = torch.cat(proposals)  # (gamma,)
+        verify = torch.cat([last2[0, 1:], proposed]).view(1, g + 1)  # (1, gamma + 1): ids at n-1 .. n+gamma-1
+        t_logits = t.decode_model(verify, cache=t.cache, input_pos=n - 1 + self._arange, check=False)[0]  # (g+1, V)
+        finite &= torch.isfinite(t_logits.amax(-1)).all()
+        n_accepted, nxt = greedy_accept(t_logits.argmax(-1), proposed)
+        return torch.cat([n_accepted.view(1), nxt.view(1), finite.long().view(1), proposed])  # (3 + gamma,)
+
+    @torch.no_grad()  # the grad mode of the loop that calls it
+    def warmup(self) -> Exception | None:
+        """Compile now (if not yet) at n = 2, leaving both caches as they were; returns the error, if any."""
+        if self.compiled:
+            return None
+        self._last2.zero_()
+        self._n.fill_(2)
+        error, seconds, _ = warm_compiled(self._fn, (self._last2, self._n), [self.target.cache, self.draft.cache],
+                                          self.gamma + 2, self.freeze)
+        self.compile_seconds += seconds
+        self.compiled = error is None
+        return error
+
+    def __call__(self, ids: torch.Tensor, n: int) -> tuple[int, int, list[int]]:
+        """One round after the n committed ids in ids (1, S) (n >= 2): writes the accepted proposals and the
+        next token into ids[0, n:n + accepted + 1]; returns (accepted, next token, the proposals)."""
+        self._last2.copy_(ids[:, n - 2:n])
+        self._n.fill_(n)
+        out = self._fn(self._last2, self._n)  # (3 + gamma,)
+        k, nxt, finite, *proposed = out.tolist()  # the round's one device -> host read
+        if not finite:
+            raise ValueError("the draft's or the target's logits hold NaN or +inf, or a row of nothing but -inf "
+                             "(allowed: finite values, with -inf for masked tokens); NaN logits usually mean "
+                             "the model overflowed")
+        ids[0, n:n + self.gamma] = out[3:]
+        ids[0, n + k] = nxt  # overwrites the first rejected proposal, if any
+        return k, nxt, proposed
+
+
+# target FastGenerator -> {(draft FastGenerator's id, gamma): its compiled greedy round}; a round holds its
+# draft, so that id stays the draft's while the entry exists
+_GREEDY_ROUNDS: "weakref.WeakKeyDictionary[FastGenerator, dict]" = weakref.WeakKeyDictionary()
+
+
+def _greedy_rounds(target: FastGenerator, draft: FastGenerator, gamma: int) -> _GreedyRounds | None:
+    """The compiled greedy round for these generators and gamma, compiling it on first use; None when
+    either generator is not compiled or the round failed to compile (then the loop of model calls runs)."""
+    if not (target.compiled and draft.compiled):
+        return None
+    rounds = _GREEDY_ROUNDS.setdefault(target, {})
+    key = (id(draft), gamma)
+    if key not in rounds:
+        fused = _GreedyRounds(target, draft, gamma)
+        error = fused.warmup()
+        if error is not None:
+            warnings.warn(f"torch.compile failed for the fused greedy round ({type(error).__name__}: "
+                          f"{str(error)[:200]}); greedy rounds call the models one at a time")
+            fused = None
+        rounds[key] = fused
+    return rounds[key]
+
+
 def speculative_token_counts(gamma: int) -> dict[str, tuple[int, ...]]:
     """Tokens per call that a round of the static loop uses, by model: the target's verify pass (gamma + 1)
     and the draft's steps (1, and 2 when it catches up after a fully accepted round)."""
@@ -281,11 +388,14 @@ def speculative_token_counts(gamma: int) -> dict[str, tuple[int, ...]]:
 
 def warmup_speculative(fast_target: FastGenerator, fast_draft: FastGenerator,
                        gamma: int = DEFAULT_COMPILED_GAMMA) -> float:
-    """Compile every graph speculative_generate(fast_target, fast_draft, ..., gamma=gamma) uses; returns
-    the seconds both generators' warm-ups took so far (time it apart from the generation)."""
+    """Compile every graph speculative_generate(fast_target, fast_draft, ..., gamma=gamma) uses: each model's
+    steps for the loop of model calls, and the greedy round as one graph (_GreedyRounds). Returns the
+    seconds the generators' warm-ups took so far plus this round's (time it apart from the generation)."""
     _check_gamma(gamma)
     counts = speculative_token_counts(gamma)
-    return fast_target.warmup(counts["target"]) + fast_draft.warmup(counts["draft"])
+    seconds = fast_target.warmup(counts["target"]) + fast_draft.warmup(counts["draft"])
+    fused = _greedy_rounds(fast_target, fast_draft, gamma)
+    return seconds + (fused.compile_seconds if fused is not None else 0.0)
 
 
 def _check_sampling(sampling: SamplingConfig | None, temperature: float) -> SamplingConfig:
@@ -337,7 +447,7 @@ def _check_common(target, prompt, max_new_tokens, gamma, sampling, temperature, 
 def speculative_generate(target, draft, prompt, max_new_tokens: int, *, gamma: int | None = None,
                          temperature: float = 0.0, sampling: SamplingConfig | None = None,
                          generator: torch.Generator | None = None, eos_id: int | None = None,
-                         trace: bool = False) -> tuple[torch.Tensor, SpeculativeStats]:
+                         trace: bool = False, fuse_rounds: bool = True) -> tuple[torch.Tensor, SpeculativeStats]:
     """Generate max_new_tokens after `prompt` (batch size 1) with `draft` proposing `gamma` tokens per round.
 
     Returns ((1, T + n_new) ids, SpeculativeStats). At temperature 0 the ids equal
@@ -349,6 +459,8 @@ def speculative_generate(target, draft, prompt, max_new_tokens: int, *, gamma: i
     target and draft are both models (the eager loop, each with a fresh KVCache; gamma defaults to
     DEFAULT_GAMMA) or both FastGenerators (the static, compiled steps, on the generators' own caches;
     gamma defaults to DEFAULT_COMPILED_GAMMA; the first call compiles what `warmup_speculative` would).
+    fuse_rounds (compiled FastGenerators, greedy): run each full round as one compiled graph
+    (_GreedyRounds); False calls the models one at a time, as sampling always does.
     """
     static = isinstance(target, FastGenerator)
     if static != isinstance(draft, FastGenerator):
@@ -386,22 +498,25 @@ def speculative_generate(target, draft, prompt, max_new_tokens: int, *, gamma: i
     # function holds several graphs (target and draft, T = 1 and 2) torch still checks the guards that
     # tell them apart
     later = (lambda: torch.compiler.set_stance(skip_guard_eval_unsafe=True)) if target.compiled else None
+    fused = _greedy_rounds(target, draft, gamma) if sampling.greedy and fuse_rounds else None
     with torch.no_grad():
         return _speculative_loop(_StaticSteps(target, counts["target"]), _StaticSteps(draft, counts["draft"]),
-                                 prompt, max_new_tokens, gamma, sampling, generator, eos_id, trace, later)
+                                 prompt, max_new_tokens, gamma, sampling, generator, eos_id, trace, later, fused)
 
 
 def _speculative_loop(target, draft, prompt, max_new_tokens, gamma, sampling, generator, eos_id, trace,
-                      later_rounds=None):
+                      later_rounds=None, fused=None):
     """The rounds, on two steppers (_EagerSteps or _StaticSteps): logits(tokens) at positions
     length..length+T-1, and truncate(n). later_rounds: a context manager factory entered after the
-    first round (the static path's guard skipping)."""
+    first round (the static path's guard skipping). fused: a _GreedyRounds for the steppers' generators,
+    which then runs every full-length round with n >= 2 (greedy)."""
     with contextlib.ExitStack() as stack:
         return _rounds(target, draft, prompt, max_new_tokens, gamma, sampling, generator, eos_id, trace,
-                       (lambda: stack.enter_context(later_rounds())) if later_rounds else None)
+                       (lambda: stack.enter_context(later_rounds())) if later_rounds else None, fused)
 
 
-def _rounds(target, draft, prompt, max_new_tokens, gamma, sampling, generator, eos_id, trace, after_first):
+def _rounds(target, draft, prompt, max_new_tokens, gamma, sampling, generator, eos_id, trace, after_first,
+            fused=None):
     T = prompt.shape[1]
     stats = SpeculativeStats(trace=[] if trace else None)
     if max_new_tokens == 0:
@@ -410,31 +525,23 @@ def _rounds(target, draft, prompt, max_new_tokens, gamma, sampling, generator, e
     if T > 1:  # prefill everything but the last prompt token: the first round feeds it
         target.logits(prompt[:, :-1], last_only=True)
         draft.logits(prompt[:, :-1], last_only=True)
-    ids, greedy = buf.ids, sampling.greedy
+    ids = buf.ids
     end = T + max_new_tokens
     V = target.model.cfg.vocab_size
-    p_draft = None if greedy else torch.empty(gamma, V, device=ids.device)  # (gamma, V)
+    p_draft = None if sampling.greedy else torch.empty(gamma, V, device=ids.device)  # (gamma, V)
     while buf.n < end:
         n = buf.n
         g = min(gamma, end - n - 1)  # never propose past max_new_tokens (the last round may be shorter)
-        # 1. draft g tokens; the first step also feeds the committed tokens the draft has not seen (1 or 2)
-        d_start = draft.length
-        for i in range(g):
-            x = ids[:, d_start:n] if i == 0 else ids[:, n + i - 1:n + i]  # (1, 1 or 2)
-            logits = draft.logits(x, last_only=True)[-1]  # (V,)
-            if greedy:
-                ids[0, n + i] = next_token(logits, sampling)  # the argmax, after checking the logits
-            else:
-                p_draft[i] = probabilities(logits, sampling)
-                ids[0, n + i] = torch.multinomial(p_draft[i], 1, generator=generator)[0]
-        stats.draft_calls += g
-        # 2.-4. the target scores them in one pass; accept a prefix, then the residual or bonus token
-        n_acc, nxt = _verify(target, ids, n, g, sampling, None if greedy else p_draft[:g], generator)
-        stats.target_calls += 1
-        if trace:
-            stats.trace.append((ids[0, n:n + g].tolist(), int(n_acc), int(nxt)))
-        ids[0, n + n_acc] = nxt  # overwrites the first rejected proposal, if any
-        k = int(n_acc)  # the round's one device -> host read
+        if fused is not None and g == gamma and n >= 2:
+            # the whole round in one compiled graph: it fed the draft n-2 .. n+g-2, the target n-1 .. n+g-1
+            k, nxt, proposed = fused(ids, n)
+            target.length, draft.length = n + g, n + g - 1
+            stats.draft_calls += g
+            stats.target_calls += 1
+            if trace:
+                stats.trace.append((proposed, k, nxt))
+        else:
+            k = _round_of_calls(target, draft, ids, n, g, sampling, generator, p_draft, stats, trace)
         stats.proposed.append(g)
         stats.accepted.append(k)
         buf.n = n + k + 1
@@ -447,6 +554,30 @@ def _rounds(target, draft, prompt, max_new_tokens, gamma, sampling, generator, e
         if after_first is not None and stats.rounds == 1:
             after_first()
     return _finish(buf, T, max_new_tokens, eos_id, stats), stats
+
+
+def _round_of_calls(target, draft, ids, n, g, sampling, generator, p_draft, stats, trace) -> int:
+    """Steps 1-4 of a round, one model call at a time: writes the accepted proposals and the next token
+    into ids[0, n:n + accepted + 1]; returns the number accepted."""
+    greedy = sampling.greedy
+    # 1. draft g tokens; the first step also feeds the committed tokens the draft has not seen (1 or 2)
+    d_start = draft.length
+    for i in range(g):
+        x = ids[:, d_start:n] if i == 0 else ids[:, n + i - 1:n + i]  # (1, 1 or 2)
+        logits = draft.logits(x, last_only=True)[-1]  # (V,)
+        if greedy:
+            ids[0, n + i] = next_token(logits, sampling)  # the argmax, after checking the logits
+        else:
+            p_draft[i] = probabilities(logits, sampling)
+            ids[0, n + i] = torch.multinomial(p_draft[i], 1, generator=generator)[0]
+    stats.draft_calls += g
+    # 2.-4. the target scores them in one pass; accept a prefix, then the residual or bonus token
+    n_acc, nxt = _verify(target, ids, n, g, sampling, None if greedy else p_draft[:g], generator)
+    stats.target_calls += 1
+    if trace:
+        stats.trace.append((ids[0, n:n + g].tolist(), int(n_acc), int(nxt)))
+    ids[0, n + n_acc] = nxt  # overwrites the first rejected proposal, if any
+    return int(n_acc)  # the round's one device -> host read
 
 
 class NgramIndex:

@@ -424,11 +424,13 @@ def test_compiled_speculative_equals_target_greedy(tiny_pair):
     gamma = 3
     seconds = warmup_speculative(fast_t, fast_d, gamma)
     assert seconds > 0 and fast_t.compiled_token_counts == (1, gamma + 1) and fast_d.compiled_token_counts == (1, 2)
-    # n = 1 has no draft step; 2, 5, 7 end on a short round (g < gamma: the eager static verify)
-    for prompt in ([0], [1, 2], [4, 0, 3, 3, 1, 2, 0]):
-        for n in (1, 2, 5, 7, 40, 57):
-            out, stats = speculative_generate(fast_t, fast_d, prompt, n, gamma=gamma)
-            assert torch.equal(out, generate(target, prompt, n)), (prompt, n)
+    # n = 1 has no draft step; 2, 5, 7 end on a short round (g < gamma: the eager static verify); both loops:
+    # each round one graph (the default) and the models called one at a time (the compiled steps alone)
+    for fuse in (True, False):
+        for prompt in ([0], [1, 2], [4, 0, 3, 3, 1, 2, 0]):
+            for n in (1, 2, 5, 7, 40, 57):
+                out, stats = speculative_generate(fast_t, fast_d, prompt, n, gamma=gamma, fuse_rounds=fuse)
+                assert torch.equal(out, generate(target, prompt, n)), (prompt, n, fuse)
     assert any(a == gamma for a in stats.accepted)  # full acceptances: the draft's 2-token catch-up step ran
     assert fast_t.compile_seconds == fast_t.warmup() and fast_d.compile_seconds == fast_d.warmup()  # no new graph
     # the draft as good as it gets: the target itself, so every proposal is accepted
@@ -436,6 +438,58 @@ def test_compiled_speculative_equals_target_greedy(tiny_pair):
     out, stats = speculative_generate(fast_t, self_draft, [1, 2], 40, gamma=gamma)
     assert torch.equal(out, generate(target, [1, 2], 40))
     assert stats.acceptance_rate == 1.0
+
+
+@pytest.mark.skipif(not compile_available(), reason="torch.compile needs a C++ compiler on the CPU")
+def test_fused_greedy_round_runs_the_rounds_and_equals_target_greedy(tiny_pair, monkeypatch):
+    """Greedy rounds on compiled generators run as one graph each (_GreedyRounds): count its calls, check
+    the tokens and what trace records, and that unusable logits are a clear error, not a wrong token."""
+    from helpers import speculative
+
+    target, _ = tiny_pair
+    fast_t, fast_d = _fast_pair(tiny_pair, compile=True)
+    gamma = 3
+    warmup_speculative(fast_t, fast_d, gamma)
+    fused = speculative._greedy_rounds(fast_t, fast_d, gamma)
+    assert fused is not None and fused.compiled
+    calls = []
+    real_call = speculative._GreedyRounds.__call__
+    monkeypatch.setattr(speculative._GreedyRounds, "__call__",
+                        lambda self, ids, n: calls.append(n) or real_call(self, ids, n))
+    for prompt in ([0], [1, 2], [4, 0, 3, 3, 1, 2, 0]):
+        calls.clear()
+        out, stats = speculative_generate(fast_t, fast_d, prompt, 40, gamma=gamma, trace=True)
+        assert torch.equal(out, generate(target, prompt, 40)), prompt
+        # fused: every round that proposes gamma tokens from n >= 2 (not a first round at n = 1, not a short last one)
+        starts = _round_starts(len(prompt), stats)
+        fused_rounds = [n for p, n in zip(stats.proposed, starts) if p == gamma and n >= 2]
+        assert calls == fused_rounds and len(calls) >= stats.rounds - 3, (prompt, stats.proposed)
+        n = len(prompt)
+        for proposed, k, nxt in stats.trace:  # the accepted proposals and the next token are the output
+            assert out[0, n:n + k + 1].tolist() == proposed[:k] + [nxt]
+            n += k + 1
+    assert speculative._greedy_rounds(fast_t, fast_d, gamma) is fused  # compiled once per pair and gamma
+    # a NaN embedding row: the (eager) prefill writes NaN K/V into the cache, which the compiled verify pass
+    # reads (its weights are frozen copies): its logits are NaN, an error, not a token
+    row = target.embed.weight[1].clone()
+    try:
+        with torch.no_grad():
+            target.embed.weight[1] = float("nan")
+        with pytest.raises(ValueError, match="NaN"):
+            speculative_generate(fast_t, fast_d, [1, 2, 3], 10, gamma=gamma)
+        assert calls[-1] == 3  # raised by the fused round
+    finally:
+        with torch.no_grad():
+            target.embed.weight[1] = row
+
+
+def _round_starts(prompt_len: int, stats) -> list[int]:
+    """The committed length at the start of each round."""
+    starts, n = [], prompt_len
+    for k in stats.accepted:
+        starts.append(n)
+        n += k + 1
+    return starts
 
 
 @pytest.mark.parametrize("compile", [False, pytest.param(True, marks=pytest.mark.skipif(
