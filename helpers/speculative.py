@@ -536,12 +536,12 @@ def _rounds(target, draft, prompt, max_new_tokens, gamma, sampling, generator, e
             # the whole round in one compiled graph: it fed the draft n-2 .. n+g-2, the target n-1 .. n+g-1
             k, nxt, proposed = fused(ids, n)
             target.length, draft.length = n + g, n + g - 1
-            stats.draft_calls += g
-            stats.target_calls += 1
             if trace:
                 stats.trace.append((proposed, k, nxt))
         else:
             k = _round_of_calls(target, draft, ids, n, g, sampling, generator, p_draft, stats, trace)
+        stats.draft_calls += g
+        stats.target_calls += 1
         stats.proposed.append(g)
         stats.accepted.append(k)
         buf.n = n + k + 1
@@ -558,7 +558,7 @@ def _rounds(target, draft, prompt, max_new_tokens, gamma, sampling, generator, e
 
 def _round_of_calls(target, draft, ids, n, g, sampling, generator, p_draft, stats, trace) -> int:
     """Steps 1-4 of a round, one model call at a time: writes the accepted proposals and the next token
-    into ids[0, n:n + accepted + 1]; returns the number accepted."""
+    into ids[0, n:n + accepted + 1] (and, with trace, the round into stats.trace); returns the number accepted."""
     greedy = sampling.greedy
     # 1. draft g tokens; the first step also feeds the committed tokens the draft has not seen (1 or 2)
     d_start = draft.length
@@ -570,10 +570,8 @@ def _round_of_calls(target, draft, ids, n, g, sampling, generator, p_draft, stat
         else:
             p_draft[i] = probabilities(logits, sampling)
             ids[0, n + i] = torch.multinomial(p_draft[i], 1, generator=generator)[0]
-    stats.draft_calls += g
     # 2.-4. the target scores them in one pass; accept a prefix, then the residual or bonus token
     n_acc, nxt = _verify(target, ids, n, g, sampling, None if greedy else p_draft[:g], generator)
-    stats.target_calls += 1
     if trace:
         stats.trace.append((ids[0, n:n + g].tolist(), int(n_acc), int(nxt)))
     ids[0, n + n_acc] = nxt  # overwrites the first rejected proposal, if any
