@@ -417,47 +417,70 @@ def rows_speculative(target, draft, tok, n_new: int, repeats: int, progress) -> 
 
 
 def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast, progress,
-                              gamma: int | None = None) -> list[Row]:
+                              gamma: int | None = None, sampled_gamma: int | None = None) -> list[Row]:
     """Speculative decoding with compiled draft and verify steps (FastGenerators, speculative.py) against
     plain compiled decoding (`fast`, the same generator as the target's), on rows_speculative's prompts:
-    greedy with each round one compiled graph (the default) and with the models called one at a time,
-    and T=1. Plus the compiled premise (a (gamma + 1)-token verify pass against a 1-token step), and for
-    each row the most the measured costs allow: tokens per target call / (v + gamma * c), the cost model
-    of chapter 12 with no loop overhead, and the same with a verify pass as cheap as one step (v = 1)."""
+    greedy and T=1, each with every round one compiled graph (the default) and with the models called one
+    at a time. Plus the compiled premise (a (gamma + 1)-token verify pass against a 1-token step, for both
+    gammas), and for each row the most the measured costs allow: tokens per target call / (v + gamma * c),
+    the cost model of chapter 12 with no loop overhead, and the same with a verify pass as cheap as one
+    step (v = 1)."""
     from .data import validation_documents
     from .fast_decode import FastGenerator
-    from .speculative import DEFAULT_COMPILED_GAMMA, SpeculativeStats, speculative_generate, warmup_speculative
+    from .speculative import (
+        DEFAULT_COMPILED_GAMMA,
+        DEFAULT_COMPILED_SAMPLED_GAMMA,
+        SpeculativeStats,
+        _fused_rounds,
+        speculative_generate,
+        warmup_speculative,
+    )
 
     gamma = DEFAULT_COMPILED_GAMMA if gamma is None else gamma
+    sampled_gamma = DEFAULT_COMPILED_SAMPLED_GAMMA if sampled_gamma is None else sampled_gamma
     docs = validation_documents()
     prompts = [tok.encode(docs[i][:400], bos=True)[:64] for i in (3, 11, 19)]  # three held-out files
     fast_draft = FastGenerator(draft, max_seq_len=fast.cache.max_seq_len)
-    secs = warmup_speculative(fast, fast_draft, gamma)  # before any timing: compiling is not decoding
-    compiled = gamma + 1 in fast.compiled_token_counts and 2 in fast_draft.compiled_token_counts
-    compile_note = (f"{gamma + 1}-token verify graph "
-                    f"{fast.compile_seconds_by_tokens.get(gamma + 1, 0):.0f} s, draft graphs "
-                    f"{fast_draft.compile_seconds:.0f} s" if compiled else "compile unavailable: eager static path")
+    # before any timing: compiling is not decoding
+    warmup_speculative(fast, fast_draft, gamma)
+    warmup_speculative(fast, fast_draft, sampled_gamma, temperature=1.0)
+    rounds = {0.0: _fused_rounds(fast, fast_draft, gamma, sampled=False),
+              1.0: _fused_rounds(fast, fast_draft, sampled_gamma, sampled=True)}
+    secs = {t: r.compile_seconds if r is not None else 0.0 for t, r in rounds.items()}
+    gammas = sorted({gamma, sampled_gamma})
+    compiled = all(g + 1 in fast.compiled_token_counts for g in gammas) and 2 in fast_draft.compiled_token_counts
+    verify_note = ", ".join(f"{g + 1}-token verify graph {fast.compile_seconds_by_tokens.get(g + 1, 0):.0f} s"
+                            for g in gammas)
+
+    def compile_note(temperature):
+        if not compiled:
+            return "compile unavailable: eager static path"
+        return f"{verify_note}, draft graphs {fast_draft.compile_seconds:.0f} s, round graph {secs[temperature]:.0f} s"
 
     # the premise, compiled: a (gamma + 1)-token verify pass vs a 1-token step, at positions 64..
     T0 = len(prompts[0])
-    tokens = {T: torch.zeros(1, T, dtype=torch.long, device=target.device) for T in (1, gamma + 1)}
-    positions = {T: torch.arange(T0, T0 + T, device=target.device) for T in (1, gamma + 1)}
+    counts = {1, *(g + 1 for g in gammas)}
+    tokens = {T: torch.zeros(1, T, dtype=torch.long, device=target.device) for T in counts}
+    positions = {T: torch.arange(T0, T0 + T, device=target.device) for T in counts}
 
     def step(T):
         return lambda: fast.forward(tokens[T], positions[T])
 
+    verify_times = {}
     with torch.no_grad():  # the grad mode the graphs were compiled under
-        tv, t1 = interleaved(step(gamma + 1), step(1), target.device, 30 * repeats, warmup=5)
+        for g in gammas:
+            verify_times[g] = interleaved(step(g + 1), step(1), target.device, 30 * repeats, warmup=5)
         # and what a draft proposal costs next to a target step: gamma of them per round
-        td, _ = interleaved(lambda: fast_draft.forward(tokens[1], positions[1]), lambda: None, target.device,
-                            30 * repeats, warmup=5)
-    v = statistics.median(tv) / statistics.median(t1)
+        td, t1 = interleaved(lambda: fast_draft.forward(tokens[1], positions[1]), step(1), target.device,
+                             30 * repeats, warmup=5)
+    v = {g: statistics.median(tv) / statistics.median(t) for g, (tv, t) in verify_times.items()}
     c = statistics.median(td) / statistics.median(t1)
 
     rows, stats = [], {}
-    variants = [("greedy", 0.0, True, 2.0), ("greedy, models called one at a time", 0.0, False, None),
-                ("T=1", 1.0, True, 1.3)]
-    for label, temperature, fuse, target_ratio in variants:
+    variants = [("greedy", 0.0, gamma, True, 2.0), ("greedy, models called one at a time", 0.0, gamma, False, None),
+                ("T=1", 1.0, sampled_gamma, True, 1.3),
+                ("T=1, models called one at a time", 1.0, sampled_gamma, False, None)]
+    for label, temperature, g, fuse, target_ratio in variants:
         tb, tc, same = [], [], True
         for r in range(repeats):
             for p in prompts:
@@ -467,7 +490,7 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
                                                                               generator=gb)), target.device))
 
                 def spec():
-                    out, st = speculative_generate(fast, fast_draft, p, n_new, gamma=gamma, temperature=temperature,
+                    out, st = speculative_generate(fast, fast_draft, p, n_new, gamma=g, temperature=temperature,
                                                    generator=gc, fuse_rounds=fuse)
                     stats[label] = stats.get(label, SpeculativeStats()).merge(st)
                     return out
@@ -478,21 +501,24 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
         pairs = [sum(tb[i:i + len(prompts)]) / sum(tc[i:i + len(prompts)]) for i in range(0, len(tb), len(prompts))]
         st = stats[label]
         e = st.tokens_per_target_call
-        model_bound, free_verify = e / (v + gamma * c), e / (1 + gamma * c)
-        note = (f"gamma {gamma}, alpha {st.acceptance_rate:.2f}, {e:.2f} tokens/target call; the costs allow "
-                f"{model_bound:.2f}x, {free_verify:.2f}x with v = 1"
-                + (", distribution: tests/test_speculative.py" if temperature else "") + f"; {compile_note}")
+        model_bound, free_verify = e / (v[g] + g * c), e / (1 + g * c)
+        note = (f"gamma {g}, alpha {st.acceptance_rate:.2f}, {e:.2f} tokens/target call, v {v[g]:.2f}; the costs "
+                f"allow {model_bound:.2f}x, {free_verify:.2f}x with v = 1"
+                + (", distribution: tests/test_speculative.py" if temperature else "")
+                + f"; {compile_note(temperature)}")
         rows.append(Row(f"speculative compiled, draft model, {label} vs plain compiled", "plain compiled",
                         "speculative compiled", pairs, f"{n_new * len(tb) / sum(tb):.0f} tok/s",
                         f"{n_new * len(tc) / sum(tc):.0f} tok/s", target=target_ratio,
                         same_output=same if temperature == 0 else None, note=note,
-                        extra={"alpha": st.acceptance_rate, "tokens_per_target_call": e, "gamma": gamma,
-                               "compile_seconds": secs, "fused_rounds": fuse and temperature == 0,
+                        extra={"alpha": st.acceptance_rate, "tokens_per_target_call": e, "gamma": g,
+                               "compile_seconds": secs[temperature], "fused_rounds": fuse,
                                "cost_model_bound": model_bound, "bound_with_free_verify": free_verify}))
-    rows.append(Row(f"compiled: cost of a {gamma + 1}-token verify pass / 1 step", f"{gamma + 1} tokens", "1 token",
-                    _ratios(tv, t1), f"{statistics.median(tv) * 1e3:.2f} ms", f"{statistics.median(t1) * 1e3:.2f} ms",
-                    note=f"speculation pays when this is near 1; a draft step costs {c:.2f} target steps",
-                    extra={"draft_step_over_target_step": c}))
+    for g in gammas:
+        tv, t = verify_times[g]
+        rows.append(Row(f"compiled: cost of a {g + 1}-token verify pass / 1 step", f"{g + 1} tokens", "1 token",
+                        _ratios(tv, t), f"{statistics.median(tv) * 1e3:.2f} ms", f"{statistics.median(t) * 1e3:.2f} ms",
+                        note=f"speculation pays when this is near 1; a draft step costs {c:.2f} target steps",
+                        extra={"draft_step_over_target_step": c}))
     return rows
 
 
@@ -731,7 +757,7 @@ def main(argv=None):
     big = random_model(args.big_preset, device, dtype)
 
     n_quant = (3 if device.type == "cpu" else 2) + (0 if args.no_compile else 4 + 2)  # + rows_precision_compiled
-    steps = (0 if args.no_compile else 1 + 5 + 1 + 2 + 3) + cache_repeats + (1 if args.no_compile else 2) + 2 + 3 + \
+    steps = (0 if args.no_compile else 1 + 5 + 1 + 2 + 4) + cache_repeats + (1 if args.no_compile else 2) + 2 + 3 + \
         n_quant + repeats
     bar = progress_bar(total=steps, desc="bench", unit="run")
     fast = None

@@ -206,6 +206,23 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
     return torch.multinomial(probs, 1, generator=generator)
 
 
+def sample_from_uniform(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Draw one token id per row of probs (..., V) from given uniforms u (...) in [0, 1): the first id whose
+    cumulative probability exceeds u times the row's total (inverse-CDF sampling) -> (...) ids.
+
+    The same distribution as `sample`, from numbers drawn beforehand: a compiled graph takes no
+    torch.Generator, so a caller that compiles sampling draws the uniforms from its generator on the host
+    and passes them in (speculative.py's fused rounds), and a seed still fixes the tokens. Rows need not be
+    normalised. A token of probability 0 is never picked: its cumulative sum equals its predecessor's, and
+    should rounding carry u * total to the very end, the pick is the last token with probability > 0.
+    """
+    cdf = probs.cumsum(-1)  # (..., V)
+    picked = (cdf <= u.unsqueeze(-1) * cdf[..., -1:]).sum(-1)  # (...,) ids whose cumulative sum is passed
+    ids = torch.arange(probs.shape[-1], device=probs.device)
+    last_possible = torch.where(probs > 0, ids, 0).amax(-1)  # (...,)
+    return torch.minimum(picked, last_possible)
+
+
 def next_token(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None = None,
                previous: torch.Tensor | None = None) -> torch.Tensor:
     """logits (B, V) -> token ids (B, 1). Greedy takes the argmax (no randomness consumed)."""

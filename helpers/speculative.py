@@ -7,6 +7,8 @@
     fast_target, fast_draft = FastGenerator(target, max_seq_len=320), FastGenerator(draft, max_seq_len=320)
     warmup_speculative(fast_target, fast_draft, gamma=DEFAULT_COMPILED_GAMMA)  # compiles 5 graphs, once
     ids, stats = speculative_generate(fast_target, fast_draft, prompt, max_new_tokens=128)
+    # sampling: its own round graph, and by default gamma = DEFAULT_COMPILED_SAMPLED_GAMMA
+    ids, stats = speculative_generate(fast_target, fast_draft, prompt, 128, temperature=1.0, generator=g)
 
 Speculative sampling (Leviathan et al. 2023, "Fast Inference from Transformers via Speculative
 Decoding"; Chen et al. 2023, "Accelerating Large Language Model Decoding with Speculative
@@ -46,10 +48,12 @@ one compiled graph (`warmup_speculative`): the target's (gamma + 1)-token verify
 1-token step and 2-token catch-up (after a fully accepted round the draft has not seen its last
 proposal). The prefill and a last round cut short by max_new_tokens run the same static path eagerly,
 so a generation never compiles in its middle; greedy output still equals `generate`'s token for token.
-A greedy round goes further: draft proposals, verify pass and acceptance are one compiled graph
-(`_GreedyRounds`, the fifth graph), so Python sees a round once instead of gamma + 1 times.
+A round goes further: draft proposals, verify pass and acceptance are one compiled graph (`_FusedRounds`,
+the fifth graph), so Python sees a round once instead of gamma + 1 times; at temperature > 0 the graph
+draws its tokens from uniforms drawn on the host (a compiled graph takes no torch.Generator).
 Sampled tokens keep the target's distribution, but need not equal the eager loop's for the same
-generator: the static path's logits differ from the eager ones by float rounding.
+generator: the static path's logits differ from the eager ones by float rounding, and the fused round
+draws by inverse CDF (sampling.sample_from_uniform) where the loop of model calls uses torch.multinomial.
 
 Out of scope: batch size > 1 (rows would accept different numbers of tokens), repetition / presence /
 frequency penalties (their distribution depends on the tokens before each position), tree
@@ -69,7 +73,7 @@ import torch
 from .fast_decode import FastGenerator, compile_options, warm_compiled
 from .generate import as_prompt_tensor, check_generation_length
 from .kv_cache import KVCache
-from .sampling import SamplingConfig, check_generator, next_token, probabilities
+from .sampling import SamplingConfig, check_generator, next_token, probabilities, sample_from_uniform
 
 DEFAULT_GAMMA = 3  # draft tokens per round with a draft model (chapter 12 measures the choice)
 # The same with compiled draft and verify steps (FastGenerators). Speed-up over plain compiled decoding,
@@ -79,10 +83,16 @@ DEFAULT_GAMMA = 3  # draft tokens per round with a draft model (chapter 12 measu
 # little and hurt sampling more (alpha 0.44 at T=1): none is clearly better for both, so 3. (Measured
 # before the compiled step attended with fused sums, which made plain compiled decoding faster and not the
 # 4-token verify pass: in the bench after that change gamma 3 gave 0.88x greedy, 0.51x at T=1.) With each
-# greedy round one compiled graph (_GreedyRounds), one noisy run of the bench's rows, gamma 3 / 4 / 5 / 6:
+# greedy round one compiled graph (_FusedRounds), one noisy run of the bench's rows, gamma 3 / 4 / 5 / 6:
 # greedy 1.14x / 1.39x / 1.30x / 1.29x (models called one at a time: 1.14x / 1.14x / 1.12x / 1.02x), T=1
 # 0.61x / 0.50x / 0.49x / 0.45x. Longer drafts now help greedy, and still hurt sampling; 3 stays.
 DEFAULT_COMPILED_GAMMA = DEFAULT_GAMMA
+# At temperature > 0 with the sampled round fused too (_FusedRounds), T=1 against plain compiled sampling,
+# 3 prompts x 128 tokens, the same seeds, two runs (the variants interleaved in each): gamma 1: 1.04x, 0.93x,
+# 1.01x (the loop of model calls 0.68-0.79x); gamma 2: 1.01x, 0.86x, 0.88x (0.64-0.69x); gamma 3: 0.72x
+# (0.57x). With alpha near 0.45 a second proposal is accepted too rarely to pay for its draft step and
+# the longer verify pass, so sampled rounds propose one token (the bench's T=1 row at gamma 1 after: 1.08x).
+DEFAULT_COMPILED_SAMPLED_GAMMA = 1
 DEFAULT_LOOKUP_GAMMA = 6  # prompt-lookup proposals per round: no draft steps, but a longer verify pass
 DEFAULT_MAX_NGRAM = 3
 DEFAULT_MIN_NGRAM = 2  # a single-token match is weak evidence: its proposals are mostly rejected
@@ -159,20 +169,33 @@ def accept_or_resample(p_target: torch.Tensor, p_draft: torch.Tensor | None, dra
     u * p_draft < p_target so nothing divides by zero), then one multinomial draw per round.
     """
     check_generator(generator)
+    _check_round_shapes(p_target, p_draft, draft_tokens)
+    u = torch.rand(draft_tokens.shape, generator=generator, device=p_target.device)  # (..., gamma)
+    n_accepted, residual = acceptance(p_target, p_draft, draft_tokens, u)
+    V = p_target.shape[-1]
+    next_token = torch.multinomial(residual.reshape(-1, V), 1, generator=generator).view(n_accepted.shape)
+    return n_accepted, next_token  # (multinomial normalises the residual)
+
+
+def _check_round_shapes(p_target, p_draft, draft_tokens) -> None:
     gamma = draft_tokens.shape[-1]
     if p_target.shape[-2] != gamma + 1:
         raise ValueError(f"p_target must have gamma + 1 = {gamma + 1} positions; got {p_target.shape[-2]}")
+    if p_draft is not None and p_draft.shape[-2] != gamma:
+        raise ValueError(f"p_draft must have gamma = {gamma} positions; got {p_draft.shape[-2]}")
+
+
+def acceptance(p_target: torch.Tensor, p_draft: torch.Tensor | None, draft_tokens: torch.Tensor,
+               u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rule of accept_or_resample with its gamma uniforms u (..., gamma) given: returns n_accepted (...)
+    and the (unnormalised) distribution (..., V) the next token is drawn from. No shape checks and no
+    device -> host read, so a compiled graph can hold it (the fused sampled round)."""
+    gamma = draft_tokens.shape[-1]
     V = p_target.shape[-1]
     idx = draft_tokens.unsqueeze(-1)  # (..., gamma, 1)
     p_target_x = p_target[..., :gamma, :].gather(-1, idx).squeeze(-1)  # (..., gamma)
-    if p_draft is None:
-        p_draft_x = torch.ones_like(p_target_x)
-    else:
-        if p_draft.shape[-2] != gamma:
-            raise ValueError(f"p_draft must have gamma = {gamma} positions; got {p_draft.shape[-2]}")
-        p_draft_x = p_draft.gather(-1, idx).squeeze(-1)  # (..., gamma)
-    u = torch.rand(p_target_x.shape, generator=generator, device=p_target.device)  # (..., gamma)
-    accepted = u * p_draft_x < p_target_x  # (..., gamma)
+    p_draft_x = torch.ones_like(p_target_x) if p_draft is None else p_draft.gather(-1, idx).squeeze(-1)
+    accepted = u * p_draft_x < p_target_x  # (..., gamma): u < p_target / p_draft, without dividing
     n_accepted = accepted.long().cumprod(-1).sum(-1)  # (...,) length of the leading run of acceptances
     # the next token's distribution: the residual at position n_accepted; at n_accepted == gamma the
     # draft row is zero padding, so the same formula gives p_target's extra row (the bonus token)
@@ -187,10 +210,7 @@ def accept_or_resample(p_target: torch.Tensor, p_draft: torch.Tensor | None, dra
         p_draft_padded = torch.nn.functional.pad(p_draft, (0, 0, 0, 1))  # (..., gamma + 1, V)
         residual = (p_target_n - p_draft_padded.gather(-2, pick).squeeze(-2)).clamp_min(0.0)  # (..., V)
     # a rejection has probability zero when the residual is all zero; guard against float rounding
-    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_target_n)
-    flat = residual.reshape(-1, V)
-    next_token = torch.multinomial(flat, 1, generator=generator).view(lead)  # multinomial normalises
-    return n_accepted, next_token
+    return n_accepted, torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_target_n)
 
 
 def greedy_accept(target_argmax: torch.Tensor, draft_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -280,53 +300,90 @@ class _StaticSteps:
         self.length = length
 
 
-class _GreedyRounds:
-    """A whole greedy round on two compiled FastGenerators as ONE compiled graph: the draft's gamma
-    proposals (each an argmax inside the graph, fed straight into the next draft step), the target's
-    verify pass over gamma + 1 positions, and the acceptance (greedy_accept). Python sees the round once:
-    one call, one device -> host read of (accepted, next token, logits usable, proposals).
+class _FusedRounds:
+    """A whole round on two compiled FastGenerators as ONE compiled graph: the draft's gamma proposals (each
+    drawn inside the graph and fed straight into the next draft step), the target's verify pass over
+    gamma + 1 positions, and the acceptance rule. Python sees the round once: one call, one device -> host
+    read of (accepted, next token, logits usable, proposals).
 
-    Per round, the loop of model calls pays torch.compile's wrapper, a copy of the inputs and the argmax
-    with its check between gamma + 1 graph calls (`python -m helpers.bench` times both loops against plain
+    Greedy (sampled=False): each proposal is the draft's argmax, acceptance is greedy_accept. Sampled: both
+    models' distributions are softmax(logits / temperature) (the temperature is an input, so one graph
+    serves every temperature); a compiled graph takes no torch.Generator, so each round's 2 * gamma + 1
+    uniforms (gamma draft draws, gamma acceptance tests, one draw of the next token) are drawn from the
+    caller's generator on the host and passed in, and every draw is sampling.sample_from_uniform
+    (inverse CDF). The acceptance is `acceptance`, the rule accept_or_resample uses, so each committed
+    token keeps the target's distribution; a seed fixes the tokens, but not the ones the loop of model
+    calls (multinomial draws) would give.
+
+    Per round, the loop of model calls pays torch.compile's wrapper, a copy of the inputs and the draw with
+    its check between gamma + 1 graph calls (`python -m helpers.bench` times both loops against plain
     compiled decoding, on the same prompts in the same run). The draft always starts from the two
     committed tokens at n - 2 and n - 1, so that one graph serves both cases: after a partial acceptance
     it rewrites the K/V it already holds at n - 2 with the same token, after a full acceptance it catches
     up on the proposal it never saw. Positions are a tensor input, so one graph serves every round of
     every generation with this gamma; rounds cut short by max_new_tokens, and a first round with n < 2,
-    use the loop of model calls. Greedy only: a sampled round draws from a torch.Generator, which a
-    compiled graph does not take."""
+    use the loop of model calls. Not fused: top-k, top-p and min-p (their values would be compiled in, a
+    graph per setting), so those rounds call the models one at a time."""
 
-    def __init__(self, target: FastGenerator, draft: FastGenerator, gamma: int):
-        self.target, self.draft, self.gamma = target, draft, gamma
+    def __init__(self, target: FastGenerator, draft: FastGenerator, gamma: int, sampled: bool = False):
+        self.target, self.draft, self.gamma, self.sampled = target, draft, gamma, sampled
         device = target.model.device
         self._last2 = torch.zeros(1, 2, dtype=torch.long, device=device)  # (1, 2): ids at n-2, n-1
         self._n = torch.zeros(1, dtype=torch.long, device=device)  # (1,): the committed length
         self._arange = torch.arange(gamma + 1, device=device)  # (gamma + 1,)
+        self._u = torch.full((2 * gamma + 1,), 0.5, device=device)  # (2 gamma + 1,) a sampled round's uniforms
+        self._temperature = torch.ones((), device=device)  # a sampled round's temperature, a 0-d input
         # the weights stay inputs, not frozen constants: passing them costs a round about 1% (7.99 vs 8.09 ms,
         # interleaved), since the round is one call per gamma + 1 tokens, while a frozen round loaded from the
         # on-disk cache in 8-10 s instead of about 2 (inductor's freezing passes run before its cache lookup)
         self.freeze = False
-        self._fn = torch.compile(self._round, **compile_options(target.mode, cpp_wrapper=target.cpp_wrapper,
-                                                                freeze=self.freeze))
+        self._fn = torch.compile(self._sampled_round if sampled else self._greedy_round,
+                                 **compile_options(target.mode, cpp_wrapper=target.cpp_wrapper, freeze=self.freeze))
         self.compiled = False
         self.compile_seconds = 0.0
 
     # compiled, undecorated (see FastGenerator._static_step); called under no_grad
-    def _round(self, last2, n):  # last2 (1, 2) ids at positions n-2, n-1; n (1,)
-        d, t, g = self.draft, self.target, self.gamma
-        logits = d.decode_model(last2, cache=d.cache, input_pos=n - 2 + self._arange[:2], check=False)[0, -1]  # (V,)
-        finite = torch.isfinite(logits.amax())
-        proposals = [logits.argmax(-1, keepdim=True)]  # gamma x (1,)
-        for i in range(1, g):
-            logits = d.decode_model(proposals[-1].view(1, 1), cache=d.cache, input_pos=n - 1 + i, check=False)[0, -1]
-            finite &= torch.isfinite(logits.amax())
+    def _draft_logits(self, last2, n, i, previous):  # the draft's logits (V,) for position n + i
+        d = self.draft
+        if i == 0:  # ids at n-2, n-1
+            return d.decode_model(last2, cache=d.cache, input_pos=n - 2 + self._arange[:2], check=False)[0, -1]
+        return d.decode_model(previous.view(1, 1), cache=d.cache, input_pos=n - 1 + i, check=False)[0, -1]
+
+    def _verify_logits(self, last2, proposed, n):  # the target's logits (gamma + 1, V) at n-1 .. n+gamma-1
+        t, g = self.target, self.gamma
+        verify = torch.cat([last2[0, 1:], proposed]).view(1, g + 1)  # (1, gamma + 1)
+        return t.decode_model(verify, cache=t.cache, input_pos=n - 1 + self._arange, check=False)[0]
+
+    def _greedy_round(self, last2, n):  # last2 (1, 2) ids at positions n-2, n-1; n (1,)
+        proposals, finite = [], torch.ones((), dtype=torch.bool, device=last2.device)  # gamma x (1,)
+        for i in range(self.gamma):
+            logits = self._draft_logits(last2, n, i, proposals[-1] if proposals else None)  # (V,)
+            finite &= torch.isfinite(logits.amax())  # sampling.check_logits's test, kept in the graph
             proposals.append(logits.argmax(-1, keepdim=True))
         proposed = torch.cat(proposals)  # (gamma,)
-        verify = torch.cat([last2[0, 1:], proposed]).view(1, g + 1)  # (1, gamma + 1): ids at n-1 .. n+gamma-1
-        t_logits = t.decode_model(verify, cache=t.cache, input_pos=n - 1 + self._arange, check=False)[0]  # (g+1, V)
+        t_logits = self._verify_logits(last2, proposed, n)  # (gamma + 1, V)
         finite &= torch.isfinite(t_logits.amax(-1)).all()
         n_accepted, nxt = greedy_accept(t_logits.argmax(-1), proposed)
         return torch.cat([n_accepted.view(1), nxt.view(1), finite.long().view(1), proposed])  # (3 + gamma,)
+
+    def _sampled_round(self, last2, n, u, temperature):  # ... and u (2 gamma + 1,), temperature 0-d
+        g = self.gamma
+        proposals, p_draft, finite = [], [], torch.ones((), dtype=torch.bool, device=last2.device)
+        for i in range(g):
+            logits = self._draft_logits(last2, n, i, proposals[-1] if proposals else None)  # (V,)
+            finite &= torch.isfinite(logits.amax())
+            p_draft.append(_softmax_at(logits, temperature))  # (V,)
+            proposals.append(sample_from_uniform(p_draft[-1], u[i]).view(1))
+        proposed = torch.cat(proposals)  # (gamma,)
+        t_logits = self._verify_logits(last2, proposed, n)  # (gamma + 1, V)
+        finite &= torch.isfinite(t_logits.amax(-1)).all()
+        n_accepted, residual = acceptance(_softmax_at(t_logits, temperature), torch.stack(p_draft), proposed,
+                                          u[g:2 * g])
+        nxt = sample_from_uniform(residual, u[2 * g])
+        return torch.cat([n_accepted.view(1), nxt.view(1), finite.long().view(1), proposed])  # (3 + gamma,)
+
+    def _inputs(self):
+        return (self._last2, self._n, self._u, self._temperature) if self.sampled else (self._last2, self._n)
 
     @torch.no_grad()  # the grad mode of the loop that calls it
     def warmup(self) -> Exception | None:
@@ -335,18 +392,22 @@ class _GreedyRounds:
             return None
         self._last2.zero_()
         self._n.fill_(2)
-        error, seconds, _ = warm_compiled(self._fn, (self._last2, self._n), [self.target.cache, self.draft.cache],
+        error, seconds, _ = warm_compiled(self._fn, self._inputs(), [self.target.cache, self.draft.cache],
                                           self.gamma + 2, self.freeze)
         self.compile_seconds += seconds
         self.compiled = error is None
         return error
 
-    def __call__(self, ids: torch.Tensor, n: int) -> tuple[int, int, list[int]]:
+    def __call__(self, ids: torch.Tensor, n: int, sampling: SamplingConfig,
+                 generator: torch.Generator | None = None) -> tuple[int, int, list[int]]:
         """One round after the n committed ids in ids (1, S) (n >= 2): writes the accepted proposals and the
         next token into ids[0, n:n + accepted + 1]; returns (accepted, next token, the proposals)."""
         self._last2.copy_(ids[:, n - 2:n])
         self._n.fill_(n)
-        out = self._fn(self._last2, self._n)  # (3 + gamma,)
+        if self.sampled:
+            self._temperature.fill_(sampling.temperature)
+            torch.rand(self._u.shape, generator=generator, device=self._u.device, out=self._u)
+        out = self._fn(*self._inputs())  # (3 + gamma,)
         k, nxt, finite, *proposed = out.tolist()  # the round's one device -> host read
         if not finite:
             raise ValueError("the draft's or the target's logits hold NaN or +inf, or a row of nothing but -inf "
@@ -357,24 +418,38 @@ class _GreedyRounds:
         return k, nxt, proposed
 
 
-# target FastGenerator -> {(draft FastGenerator's id, gamma): its compiled greedy round}; a round holds its
+def _softmax_at(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """softmax(logits / temperature) over the last dimension, with the row maximum subtracted first, so
+    that a small temperature cannot overflow a finite logit (sampling.apply_temperature's concern)."""
+    logits = logits.float()
+    return ((logits - logits.amax(-1, keepdim=True)) / temperature).softmax(-1)
+
+
+def fuses_rounds(sampling: SamplingConfig) -> bool:
+    """Whether the compiled loop runs this config's full rounds as one graph each (_FusedRounds): greedy,
+    or plain temperature sampling (no top-k, top-p or min-p)."""
+    return sampling.greedy or (sampling.top_k == 0 and sampling.top_p == 1.0 and sampling.min_p == 0.0)
+
+
+# target FastGenerator -> {(draft FastGenerator's id, gamma, sampled): its compiled round}; a round holds its
 # draft, so that id stays the draft's while the entry exists
-_GREEDY_ROUNDS: "weakref.WeakKeyDictionary[FastGenerator, dict]" = weakref.WeakKeyDictionary()
+_FUSED_ROUNDS: "weakref.WeakKeyDictionary[FastGenerator, dict]" = weakref.WeakKeyDictionary()
 
 
-def _greedy_rounds(target: FastGenerator, draft: FastGenerator, gamma: int) -> _GreedyRounds | None:
-    """The compiled greedy round for these generators and gamma, compiling it on first use; None when
+def _fused_rounds(target: FastGenerator, draft: FastGenerator, gamma: int, sampled: bool) -> _FusedRounds | None:
+    """The compiled round of this kind for these generators and gamma, compiling it on first use; None when
     either generator is not compiled or the round failed to compile (then the loop of model calls runs)."""
     if not (target.compiled and draft.compiled):
         return None
-    rounds = _GREEDY_ROUNDS.setdefault(target, {})
-    key = (id(draft), gamma)
+    rounds = _FUSED_ROUNDS.setdefault(target, {})
+    key = (id(draft), gamma, sampled)
     if key not in rounds:
-        fused = _GreedyRounds(target, draft, gamma)
+        fused = _FusedRounds(target, draft, gamma, sampled)
         error = fused.warmup()
         if error is not None:
-            warnings.warn(f"torch.compile failed for the fused greedy round ({type(error).__name__}: "
-                          f"{str(error)[:200]}); greedy rounds call the models one at a time")
+            kind = "sampled" if sampled else "greedy"
+            warnings.warn(f"torch.compile failed for the fused {kind} round ({type(error).__name__}: "
+                          f"{str(error)[:200]}); {kind} rounds call the models one at a time")
             fused = None
         rounds[key] = fused
     return rounds[key]
@@ -386,16 +461,22 @@ def speculative_token_counts(gamma: int) -> dict[str, tuple[int, ...]]:
     return {"target": (gamma + 1,), "draft": (1, 2)}
 
 
-def warmup_speculative(fast_target: FastGenerator, fast_draft: FastGenerator,
-                       gamma: int = DEFAULT_COMPILED_GAMMA) -> float:
-    """Compile every graph speculative_generate(fast_target, fast_draft, ..., gamma=gamma) uses: each model's
-    steps for the loop of model calls, and the greedy round as one graph (_GreedyRounds). Returns the
-    seconds the generators' warm-ups took so far plus this round's (time it apart from the generation)."""
+def warmup_speculative(fast_target: FastGenerator, fast_draft: FastGenerator, gamma: int = DEFAULT_COMPILED_GAMMA,
+                       *, temperature: float = 0.0, sampling: SamplingConfig | None = None) -> float:
+    """Compile every graph speculative_generate(fast_target, fast_draft, ..., gamma=gamma) uses with these
+    sampling settings (the same arguments): each model's steps for the loop of model calls, and the
+    round as one graph (_FusedRounds, greedy or sampled) where fuses_rounds(sampling). Returns the seconds
+    the generators' warm-ups took so far plus the rounds' (time it apart from the generation)."""
     _check_gamma(gamma)
+    sampling = _check_sampling(sampling, temperature)
     counts = speculative_token_counts(gamma)
     seconds = fast_target.warmup(counts["target"]) + fast_draft.warmup(counts["draft"])
-    fused = _greedy_rounds(fast_target, fast_draft, gamma)
-    return seconds + (fused.compile_seconds if fused is not None else 0.0)
+    for sampled in (False, True):
+        fused = _FUSED_ROUNDS.get(fast_target, {}).get((id(fast_draft), gamma, sampled))
+        if fused is None and sampled == (not sampling.greedy) and fuses_rounds(sampling):
+            fused = _fused_rounds(fast_target, fast_draft, gamma, sampled)
+        seconds += fused.compile_seconds if fused is not None else 0.0
+    return seconds
 
 
 def _check_sampling(sampling: SamplingConfig | None, temperature: float) -> SamplingConfig:
@@ -458,16 +539,19 @@ def speculative_generate(target, draft, prompt, max_new_tokens: int, *, gamma: i
 
     target and draft are both models (the eager loop, each with a fresh KVCache; gamma defaults to
     DEFAULT_GAMMA) or both FastGenerators (the static, compiled steps, on the generators' own caches;
-    gamma defaults to DEFAULT_COMPILED_GAMMA; the first call compiles what `warmup_speculative` would).
-    fuse_rounds (compiled FastGenerators, greedy): run each full round as one compiled graph
-    (_GreedyRounds); False calls the models one at a time, as sampling always does.
+    gamma defaults to DEFAULT_COMPILED_GAMMA, or DEFAULT_COMPILED_SAMPLED_GAMMA at temperature > 0; the
+    first call compiles what `warmup_speculative` would with the same arguments).
+    fuse_rounds (compiled FastGenerators, greedy or plain temperature sampling: `fuses_rounds`): run each
+    full round as one compiled graph (_FusedRounds); False calls the models one at a time, as top-k,
+    top-p and min-p always do.
     """
     static = isinstance(target, FastGenerator)
     if static != isinstance(draft, FastGenerator):
         raise ValueError("target and draft must both be models or both FastGenerators; got "
                          f"{type(target).__name__} and {type(draft).__name__}")
     if gamma is None:
-        gamma = DEFAULT_COMPILED_GAMMA if static else DEFAULT_GAMMA
+        greedy = _check_sampling(sampling, temperature).greedy  # validates the settings first
+        gamma = (DEFAULT_COMPILED_GAMMA if greedy else DEFAULT_COMPILED_SAMPLED_GAMMA) if static else DEFAULT_GAMMA
     t_model, d_model = (target.model, draft.model) if static else (target, draft)
     prompt, sampling = _check_common(t_model, prompt, max_new_tokens, gamma, sampling, temperature, generator)
     if d_model.cfg.vocab_size != t_model.cfg.vocab_size:
@@ -489,7 +573,7 @@ def speculative_generate(target, draft, prompt, max_new_tokens: int, *, gamma: i
         if T + max_new_tokens > fast.cache.max_seq_len:
             raise ValueError(f"prompt ({T}) + max_new_tokens ({max_new_tokens}) exceeds the {name} "
                              f"FastGenerator's max_seq_len={fast.cache.max_seq_len}")
-    warmup_speculative(target, draft, gamma)  # a no-op once compiled
+    warmup_speculative(target, draft, gamma, sampling=sampling)  # a no-op once compiled
     counts = speculative_token_counts(gamma)
     # no_grad, not inference_mode: the graphs were compiled under no_grad, and another grad mode is a
     # guard failure (a second compile)
@@ -498,7 +582,7 @@ def speculative_generate(target, draft, prompt, max_new_tokens: int, *, gamma: i
     # function holds several graphs (target and draft, T = 1 and 2) torch still checks the guards that
     # tell them apart
     later = (lambda: torch.compiler.set_stance(skip_guard_eval_unsafe=True)) if target.compiled else None
-    fused = _greedy_rounds(target, draft, gamma) if sampling.greedy and fuse_rounds else None
+    fused = _fused_rounds(target, draft, gamma, not sampling.greedy) if fuse_rounds and fuses_rounds(sampling) else None
     with torch.no_grad():
         return _speculative_loop(_StaticSteps(target, counts["target"]), _StaticSteps(draft, counts["draft"]),
                                  prompt, max_new_tokens, gamma, sampling, generator, eos_id, trace, later, fused)
@@ -508,8 +592,8 @@ def _speculative_loop(target, draft, prompt, max_new_tokens, gamma, sampling, ge
                       later_rounds=None, fused=None):
     """The rounds, on two steppers (_EagerSteps or _StaticSteps): logits(tokens) at positions
     length..length+T-1, and truncate(n). later_rounds: a context manager factory entered after the
-    first round (the static path's guard skipping). fused: a _GreedyRounds for the steppers' generators,
-    which then runs every full-length round with n >= 2 (greedy)."""
+    first round (the static path's guard skipping). fused: a _FusedRounds for the steppers' generators and
+    this kind of sampling, which then runs every full-length round with n >= 2."""
     with contextlib.ExitStack() as stack:
         return _rounds(target, draft, prompt, max_new_tokens, gamma, sampling, generator, eos_id, trace,
                        (lambda: stack.enter_context(later_rounds())) if later_rounds else None, fused)
@@ -534,7 +618,7 @@ def _rounds(target, draft, prompt, max_new_tokens, gamma, sampling, generator, e
         g = min(gamma, end - n - 1)  # never propose past max_new_tokens (the last round may be shorter)
         if fused is not None and g == gamma and n >= 2:
             # the whole round in one compiled graph: it fed the draft n-2 .. n+g-2, the target n-1 .. n+g-1
-            k, nxt, proposed = fused(ids, n)
+            k, nxt, proposed = fused(ids, n, sampling, generator)
             target.length, draft.length = n + g, n + g - 1
             if trace:
                 stats.trace.append((proposed, k, nxt))

@@ -30,6 +30,7 @@ from helpers.sampling import (
     min_p_filter,
     next_token,
     probabilities,
+    sample_from_uniform,
     top_k_filter,
     top_p_filter,
     validate_sampling,
@@ -235,6 +236,25 @@ def test_sampling_draws_from_the_filtered_distribution():
     freq = torch.bincount(draws, minlength=5).float() / len(draws)
     assert (freq[probs == 0] == 0).all()
     torch.testing.assert_close(freq, probs, rtol=0, atol=0.015)  # ~4 standard errors at n=20000
+
+
+def test_sample_from_uniform_is_the_inverse_cdf():
+    """Evenly spaced uniforms give every token its share of them, to one draw (what inverse-CDF sampling
+    means, with no randomness in the test); tokens of probability 0 are never picked, even at u = 0 or u
+    just below 1 and at either end of the vocabulary; rows need not be normalised; any leading shape."""
+    probs = torch.tensor([0.0, 0.1, 0.0, 0.45, 0.3, 0.15, 0.0])  # (V,)
+    N = 10_000
+    u = (torch.arange(N) + 0.5) / N  # (N,)
+    picks = sample_from_uniform(probs.expand(N, -1), u)  # (N,)
+    counts = torch.bincount(picks, minlength=len(probs))
+    assert (counts - N * probs).abs().max() <= 1
+    edges = torch.tensor([0.0, torch.nextafter(torch.tensor(1.0), torch.tensor(0.0)).item()])
+    assert sample_from_uniform(probs.expand(2, -1), edges).tolist() == [1, 5]
+    assert sample_from_uniform(3 * probs.expand(2, -1), edges).tolist() == [1, 5]  # unnormalised
+    batch = torch.softmax(torch.randn(2, 3, 11, generator=torch.Generator().manual_seed(0)), -1)  # (2, 3, V)
+    got = sample_from_uniform(batch, torch.full((2, 3), 0.5))  # (2, 3)
+    assert got.shape == (2, 3)
+    assert torch.equal(got, (batch.cumsum(-1) <= 0.5 * batch.sum(-1, keepdim=True)).sum(-1))
 
 
 @pytest.mark.parametrize("kwargs, name", [

@@ -441,34 +441,50 @@ def test_compiled_speculative_equals_target_greedy(tiny_pair):
 
 
 @pytest.mark.skipif(not compile_available(), reason="torch.compile needs a C++ compiler on the CPU")
-def test_fused_greedy_round_runs_the_rounds_and_equals_target_greedy(tiny_pair, monkeypatch):
-    """Greedy rounds on compiled generators run as one graph each (_GreedyRounds): count its calls, check
-    the tokens and what trace records, and that unusable logits are a clear error, not a wrong token."""
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "T=1"])
+def test_fused_round_runs_the_rounds(tiny_pair, monkeypatch, temperature):
+    """Full rounds on compiled generators run as one graph each (_FusedRounds), greedy and sampled: count its
+    calls, check what trace records against the output, that greedy equals the target's greedy tokens and
+    a seed fixes the sampled ones, and that unusable logits are a clear error, not a wrong token."""
     from helpers import speculative
 
     target, _ = tiny_pair
     fast_t, fast_d = _fast_pair(tiny_pair, compile=True)
-    gamma = 3
-    warmup_speculative(fast_t, fast_d, gamma)
-    fused = speculative._greedy_rounds(fast_t, fast_d, gamma)
-    assert fused is not None and fused.compiled
+    gamma, sampling = 3, SamplingConfig(temperature=temperature)
+    warmup_speculative(fast_t, fast_d, gamma, sampling=sampling)
+    fused = speculative._fused_rounds(fast_t, fast_d, gamma, sampled=temperature > 0)
+    assert fused is not None and fused.compiled and fused.sampled == (temperature > 0)
     calls = []
-    real_call = speculative._GreedyRounds.__call__
-    monkeypatch.setattr(speculative._GreedyRounds, "__call__",
-                        lambda self, ids, n: calls.append(n) or real_call(self, ids, n))
+    real_call = speculative._FusedRounds.__call__
+    monkeypatch.setattr(speculative._FusedRounds, "__call__",
+                        lambda self, ids, n, *args: calls.append(n) or real_call(self, ids, n, *args))
+
+    def run(prompt, n_new, seed=0, cfg=sampling):
+        return speculative_generate(fast_t, fast_d, prompt, n_new, gamma=gamma, sampling=cfg,
+                                    generator=torch.Generator().manual_seed(seed), trace=True)
+
     for prompt in ([0], [1, 2], [4, 0, 3, 3, 1, 2, 0]):
         calls.clear()
-        out, stats = speculative_generate(fast_t, fast_d, prompt, 40, gamma=gamma, trace=True)
-        assert torch.equal(out, generate(target, prompt, 40)), prompt
+        out, stats = run(prompt, 40)
+        first = list(calls)
+        if sampling.greedy:
+            assert torch.equal(out, generate(target, prompt, 40)), prompt
+        else:  # the uniforms come from the generator: the same seed, the same tokens; another seed, others
+            assert torch.equal(run(prompt, 40)[0], out)
+            assert any(not torch.equal(run(prompt, 40, seed)[0], out) for seed in (1, 2, 3))
         # fused: every round that proposes gamma tokens from n >= 2 (not a first round at n = 1, not a short last one)
         starts = _round_starts(len(prompt), stats)
         fused_rounds = [n for p, n in zip(stats.proposed, starts) if p == gamma and n >= 2]
-        assert calls == fused_rounds and len(calls) >= stats.rounds - 3, (prompt, stats.proposed)
+        assert first == fused_rounds and len(first) >= stats.rounds - 3, (prompt, stats.proposed)
         n = len(prompt)
         for proposed, k, nxt in stats.trace:  # the accepted proposals and the next token are the output
             assert out[0, n:n + k + 1].tolist() == proposed[:k] + [nxt]
             n += k + 1
-    assert speculative._greedy_rounds(fast_t, fast_d, gamma) is fused  # compiled once per pair and gamma
+    assert speculative._fused_rounds(fast_t, fast_d, gamma, sampled=temperature > 0) is fused  # compiled once
+    if not sampling.greedy:  # top-k (compiled in, it would be a graph per value) calls the models one at a time
+        calls.clear()
+        run([1, 2], 20, cfg=SamplingConfig(temperature=temperature, top_k=3))
+        assert calls == []
     # a NaN embedding row: the (eager) prefill writes NaN K/V into the cache, which the compiled verify pass
     # reads (its weights are frozen copies): its logits are NaN, an error, not a token
     row = target.embed.weight[1].clone()
@@ -476,7 +492,7 @@ def test_fused_greedy_round_runs_the_rounds_and_equals_target_greedy(tiny_pair, 
         with torch.no_grad():
             target.embed.weight[1] = float("nan")
         with pytest.raises(ValueError, match="NaN"):
-            speculative_generate(fast_t, fast_d, [1, 2, 3], 10, gamma=gamma)
+            run([1, 2, 3], 10)
         assert calls[-1] == 3  # raised by the fused round
     finally:
         with torch.no_grad():
@@ -492,11 +508,16 @@ def _round_starts(prompt_len: int, stats) -> list[int]:
     return starts
 
 
-@pytest.mark.parametrize("compile", [False, pytest.param(True, marks=pytest.mark.skipif(
-    not compile_available(), reason="torch.compile needs a C++ compiler on the CPU"))], ids=["eager", "compiled"])
-def test_static_speculative_sampling_matches_target_joint(tiny_pair, compile):
-    """The static path's logits equal the eager ones only to float rounding, so a seeded run need not
-    draw the eager loop's tokens; what must hold is the distribution."""
+_needs_compiler = pytest.mark.skipif(not compile_available(), reason="torch.compile needs a C++ compiler on the CPU")
+
+
+@pytest.mark.parametrize("compile,fuse", [(False, True), pytest.param(True, False, marks=_needs_compiler),
+                                          pytest.param(True, True, marks=_needs_compiler)],
+                         ids=["eager", "compiled, models called one at a time", "compiled, each round one graph"])
+def test_static_speculative_sampling_matches_target_joint(tiny_pair, compile, fuse):
+    """The static path's logits equal the eager ones only to float rounding, and the fused round draws by
+    inverse CDF from uniforms drawn on the host, so a seeded run need not draw the eager loop's tokens;
+    what must hold is the distribution."""
     target, draft = tiny_pair
     fast_t, fast_d = _fast_pair(tiny_pair, compile=compile)
     cfg = SamplingConfig(temperature=1.0)
@@ -505,7 +526,8 @@ def test_static_speculative_sampling_matches_target_joint(tiny_pair, compile):
     g = torch.Generator().manual_seed(0)
     samples, runs = [], SpeculativeStats()
     for _ in range(1200):
-        out, stats = speculative_generate(fast_t, fast_d, prompt, 3, gamma=2, sampling=cfg, generator=g)
+        out, stats = speculative_generate(fast_t, fast_d, prompt, 3, gamma=2, sampling=cfg, generator=g,
+                                          fuse_rounds=fuse)
         samples.append(out[0, 3:])
         runs = runs.merge(stats)
     counts = outcome_counts(torch.stack(samples), 5)
