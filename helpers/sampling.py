@@ -99,8 +99,11 @@ def check_generator(generator) -> None:
                          f"got {type(generator).__name__}")
 
 
-def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    if not _is_number(temperature) or temperature <= 0:
+def apply_temperature(logits: torch.Tensor, temperature: float | torch.Tensor) -> torch.Tensor:
+    """logits / temperature, safe from overflow. temperature: a number > 0, or a 0-d tensor holding one (the
+    input of a compiled graph, where one graph serves every temperature: not checked here, so the caller
+    checks the number it fills in)."""
+    if not isinstance(temperature, torch.Tensor) and (not _is_number(temperature) or temperature <= 0):
         raise ValueError(f"temperature must be > 0 here (greedy is handled by the caller); got {temperature!r}")
     scaled = logits / temperature  # (..., V)
     # a finite logit can overflow when divided by a small temperature (3e38 / 1e-4): such rows are divided

@@ -73,7 +73,14 @@ import torch
 from .fast_decode import FastGenerator, compile_options, warm_compiled
 from .generate import as_prompt_tensor, check_generation_length
 from .kv_cache import KVCache
-from .sampling import SamplingConfig, check_generator, next_token, probabilities, sample_from_uniform
+from .sampling import (
+    SamplingConfig,
+    apply_temperature,
+    check_generator,
+    next_token,
+    probabilities,
+    sample_from_uniform,
+)
 
 DEFAULT_GAMMA = 3  # draft tokens per round with a draft model (chapter 12 measures the choice)
 # The same with compiled draft and verify steps (FastGenerators). Speed-up over plain compiled decoding,
@@ -307,13 +314,13 @@ class _FusedRounds:
     read of (accepted, next token, logits usable, proposals).
 
     Greedy (sampled=False): each proposal is the draft's argmax, acceptance is greedy_accept. Sampled: both
-    models' distributions are softmax(logits / temperature) (the temperature is an input, so one graph
-    serves every temperature); a compiled graph takes no torch.Generator, so each round's 2 * gamma + 1
-    uniforms (gamma draft draws, gamma acceptance tests, one draw of the next token) are drawn from the
-    caller's generator on the host and passed in, and every draw is sampling.sample_from_uniform
-    (inverse CDF). The acceptance is `acceptance`, the rule accept_or_resample uses, so each committed
-    token keeps the target's distribution; a seed fixes the tokens, but not the ones the loop of model
-    calls (multinomial draws) would give.
+    models' distributions are softmax(logits / temperature), as sampling.probabilities computes them (the
+    temperature is an input, so one graph serves every temperature); a compiled graph takes no
+    torch.Generator, so each round's 2 * gamma + 1 uniforms (gamma draft draws, gamma acceptance tests, one
+    draw of the next token) are drawn from the caller's generator on the host and passed in, and every
+    draw is sampling.sample_from_uniform (inverse CDF). The acceptance is `acceptance`, the rule
+    accept_or_resample uses, so each committed token keeps the target's distribution; a seed fixes the
+    tokens, but not the ones the loop of model calls (multinomial draws) would give.
 
     Per round, the loop of model calls pays torch.compile's wrapper, a copy of the inputs and the draw with
     its check between gamma + 1 graph calls (`python -m helpers.bench` times both loops against plain
@@ -372,13 +379,13 @@ class _FusedRounds:
         for i in range(g):
             logits = self._draft_logits(last2, n, i, proposals[-1] if proposals else None)  # (V,)
             finite &= torch.isfinite(logits.amax())
-            p_draft.append(_softmax_at(logits, temperature))  # (V,)
+            p_draft.append(apply_temperature(logits.float(), temperature).softmax(-1))  # (V,), as probabilities()
             proposals.append(sample_from_uniform(p_draft[-1], u[i]).view(1))
         proposed = torch.cat(proposals)  # (gamma,)
         t_logits = self._verify_logits(last2, proposed, n)  # (gamma + 1, V)
         finite &= torch.isfinite(t_logits.amax(-1)).all()
-        n_accepted, residual = acceptance(_softmax_at(t_logits, temperature), torch.stack(p_draft), proposed,
-                                          u[g:2 * g])
+        p_target = apply_temperature(t_logits.float(), temperature).softmax(-1)  # (gamma + 1, V)
+        n_accepted, residual = acceptance(p_target, torch.stack(p_draft), proposed, u[g:2 * g])
         nxt = sample_from_uniform(residual, u[2 * g])
         return torch.cat([n_accepted.view(1), nxt.view(1), finite.long().view(1), proposed])  # (3 + gamma,)
 
@@ -416,13 +423,6 @@ class _FusedRounds:
         ids[0, n:n + self.gamma] = out[3:]
         ids[0, n + k] = nxt  # overwrites the first rejected proposal, if any
         return k, nxt, proposed
-
-
-def _softmax_at(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
-    """softmax(logits / temperature) over the last dimension, with the row maximum subtracted first, so
-    that a small temperature cannot overflow a finite logit (sampling.apply_temperature's concern)."""
-    logits = logits.float()
-    return ((logits - logits.amax(-1, keepdim=True)) / temperature).softmax(-1)
 
 
 def fuses_rounds(sampling: SamplingConfig) -> bool:
@@ -471,12 +471,11 @@ def warmup_speculative(fast_target: FastGenerator, fast_draft: FastGenerator, ga
     sampling = _check_sampling(sampling, temperature)
     counts = speculative_token_counts(gamma)
     seconds = fast_target.warmup(counts["target"]) + fast_draft.warmup(counts["draft"])
-    for sampled in (False, True):
-        fused = _FUSED_ROUNDS.get(fast_target, {}).get((id(fast_draft), gamma, sampled))
-        if fused is None and sampled == (not sampling.greedy) and fuses_rounds(sampling):
-            fused = _fused_rounds(fast_target, fast_draft, gamma, sampled)
-        seconds += fused.compile_seconds if fused is not None else 0.0
-    return seconds
+    if fuses_rounds(sampling):
+        _fused_rounds(fast_target, fast_draft, gamma, sampled=not sampling.greedy)  # compiles on first use
+    rounds = _FUSED_ROUNDS.get(fast_target, {})
+    return seconds + sum(r.compile_seconds for (d, g, _), r in rounds.items()
+                         if d == id(fast_draft) and g == gamma and r is not None)
 
 
 def _check_sampling(sampling: SamplingConfig | None, temperature: float) -> SamplingConfig:

@@ -66,6 +66,17 @@ def test_temperature_equals_hf(kind, temperature):
     assert same(apply_temperature(logits, temperature), TemperatureLogitsWarper(temperature)(None, logits))
 
 
+def test_temperature_as_a_tensor_equals_the_number():
+    """A 0-d tensor temperature (how a compiled graph takes it) gives the same values, the overflow guard
+    included: a row of huge finite logits at a tiny temperature."""
+    logits = torch.cat([random_logits("neg_inf", 0, rows=3), torch.tensor([[3e38, 1e38] + [0.0] * (V - 2)])])
+    for temperature in (1.8, 0.7, 1e-4):  # the last, 1e-4, overflows the plain division of the last row
+        want = apply_temperature(logits, temperature)
+        got = apply_temperature(logits, torch.tensor(temperature))
+        assert same(got, want), temperature
+    assert got[-1, 0] == 0 and not torch.isposinf(got).any() and not torch.isnan(got).any()  # 3e38 / 1e-4
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("k", [1, 2, 5, 17, V - 1, V, V + 3])
 def test_top_k_equals_hf(kind, k):
