@@ -78,10 +78,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .device import synchronize
-from .generate import _setup, _stop_checker, prefill
+from .generate import _setup
+from .generate import generate as generate_loop
 from .kv_cache import KVCache
 from .model import Attention
-from .sampling import SamplingConfig, next_token
+from .sampling import SamplingConfig
+from .stopping import stop_checker
 
 _REPO_CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache", "inductor")
 
@@ -419,8 +421,11 @@ class FastGenerator:
     @torch.no_grad()
     def generate(self, prompt, max_new_tokens: int, *, temperature: float = 0.0,
                  sampling: SamplingConfig | None = None, generator: torch.Generator | None = None,
-                 eos_id: int | None = None, stop_sequences=()) -> torch.Tensor:
-        """Same contract as helpers.generate (penalties excepted): (B, T + n_new) token ids."""
+                 eos_id: int | None = None, stop_sequences=(), stop_criteria=(), logits_processors=(),
+                 progress: bool = False) -> torch.Tensor:
+        """helpers.generate's loop (its stop conditions, logits processors and sampling; penalties excepted)
+        on this generator's cache, with the compiled step as its step: (B, T + n_new) token ids. The
+        prompt's prefill runs eagerly (its shape depends on the prompt)."""
         prompt, sampling = _setup(self.model, prompt, max_new_tokens, sampling, temperature, generator)
         if sampling.repetition_penalty != 1.0 or sampling.presence_penalty or sampling.frequency_penalty:
             raise ValueError("FastGenerator does not apply penalties; use helpers.generate for those")
@@ -430,33 +435,33 @@ class FastGenerator:
         if T + max_new_tokens > self.cache.max_seq_len:
             raise ValueError(f"prompt ({T}) + max_new_tokens ({max_new_tokens}) exceeds this generator's "
                              f"max_seq_len={self.cache.max_seq_len}")
-        stop = _stop_checker(B, eos_id, stop_sequences)
+        stop_checker(B, eos_id, stop_sequences, stop_criteria)  # bad stop settings fail before the compile
         self.warmup()  # only now: compiling is the slowest part, and bad input should not wait for it
-        if max_new_tokens == 0:
-            return prompt
-        generated: list[int] = []
-        out = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=prompt.device)
-        out[:, :T] = prompt
-        logits = prefill(self.decode_model, prompt, self.cache)  # eager: its shape depends on the prompt
-        pos = torch.tensor([T], dtype=torch.long, device=prompt.device)
-        n = 0
         with contextlib.ExitStack() as later_steps:
-            while True:
-                tok = next_token(logits, sampling, generator)  # (B, 1)
-                out[:, T + n] = tok[:, 0]
-                n += 1
-                if stop is not None:
-                    generated.append(int(tok[0, 0]))
-                if n == max_new_tokens or (stop is not None and stop(generated)):
-                    break
-                logits = self._step(tok, pos)
-                if self.model.device.type == "cuda" and self._want_compile:
-                    logits = logits.clone()  # a CUDA-graph output is overwritten by the next replay
-                pos += 1
-                if n == 1 and self._want_compile:
-                    # the first step had dynamo's guards checked (shapes, dtypes, grad mode, the weights);
-                    # nothing in this loop changes any of them, so checking them again on every later step
-                    # only costs time (0.38 ms of a 5.0 ms step, measured interleaved on a busy 2-core CPU)
-                    later_steps.enter_context(torch.compiler.set_stance(skip_guard_eval_unsafe=True))
-        self.cache.length = T + n - 1
-        return out[:, :T + n]
+            return generate_loop(self.decode_model, prompt, max_new_tokens, sampling=sampling, generator=generator,
+                                 eos_id=eos_id, stop_sequences=stop_sequences, stop_criteria=stop_criteria,
+                                 logits_processors=logits_processors, progress=progress, cache=self.cache,
+                                 step=self._loop_step(later_steps))
+
+    def _loop_step(self, later_steps: contextlib.ExitStack):
+        """helpers.generate's step(model, token, cache) -> logits, over this generator's static step: the
+        position goes in as a tensor, and cache.length (which the static path leaves alone) is kept here."""
+        pos = torch.zeros(1, dtype=torch.long, device=self.model.device)  # (1,)
+        copy_out = self.model.device.type == "cuda" and self._want_compile
+        first = True
+
+        def step(model, token, cache):
+            nonlocal first
+            pos.fill_(cache.length)
+            logits = self._step(token, pos)  # (B, V)
+            if copy_out:
+                logits = logits.clone()  # a CUDA-graph output is overwritten by the next replay
+            cache.length += 1
+            if first and self._want_compile:
+                # the first step had dynamo's guards checked (shapes, dtypes, grad mode, the weights);
+                # nothing in this loop changes any of them, so checking them again on every later step
+                # only costs time (0.38 ms of a 5.0 ms step, measured interleaved on a busy 2-core CPU)
+                later_steps.enter_context(torch.compiler.set_stance(skip_guard_eval_unsafe=True))
+            first = False
+            return logits
+        return step

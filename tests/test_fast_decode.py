@@ -46,6 +46,27 @@ def test_eager_fast_generator_equals_generate(model):
     assert torch.equal(a, b)
 
 
+def test_fast_generator_runs_generates_loop_with_its_processors_and_stops(model):
+    """FastGenerator.generate is helpers.generate's loop on its own step: logits processors, stop criteria
+    and stop sequences act the same, and the cache ends where the eager loop's would."""
+    prompt, banned = [1, 2, 3, 4], int(generate(model, [1, 2, 3, 4], 1)[0, -1])
+
+    def ban(ids, logits):  # (B, T) ids so far, (B, V) logits
+        return logits.index_fill(-1, torch.tensor([banned]), float("-inf"))
+
+    fast = FastGenerator(model, compile=False)
+    out = fast.generate(prompt, 40, logits_processors=[ban])
+    assert torch.equal(out, generate(model, prompt, 40, logits_processors=[ban]))
+    assert banned not in out[0, len(prompt):].tolist()
+    assert fast.cache.length == len(prompt) + 40 - 1  # every token but the last was fed back
+    ref = generate(model, prompt, 40)
+    stop_at = ref[0, len(prompt) + 5:len(prompt) + 7].tolist()
+    for kwargs in ({"stop_criteria": [lambda ids: len(ids) == 9]}, {"stop_sequences": [stop_at]}):
+        assert torch.equal(fast.generate(prompt, 40, **kwargs), generate(model, prompt, 40, **kwargs)), kwargs
+    with pytest.raises(ValueError, match="logits_processors"):
+        fast.generate(prompt, 5, logits_processors=ban)
+
+
 @pytest.mark.skipif(not compile_available(), reason="torch.compile needs a C++ compiler on the CPU")
 def test_compiled_fast_generator_equals_generate(model):
     fast = FastGenerator(model, compile=True)
