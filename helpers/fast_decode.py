@@ -16,6 +16,8 @@ Size max_seq_len to the longest generation you need: every step attends over the
 so a buffer of the full 1,024-token window makes each step of the course model about 1.8x slower on a
 CPU than one of 288 positions (3.07 vs 1.67 ms/token measured, one thread).
 
+`fast.generate` is helpers.generate's own loop (stop conditions, logits processors, sampling; not the
+penalties) with the compiled step as its `step`; only the prompt's prefill runs eagerly.
 Tokens are the same as `generate`'s (the tests check greedy equality); logits agree to float rounding,
 since compiled kernels add in a different order. If compilation is impossible (no C++ compiler, an
 unsupported platform) it warns once and runs the same static step eagerly.
