@@ -466,7 +466,8 @@ def warmup_speculative(fast_target: FastGenerator, fast_draft: FastGenerator, ga
     """Compile every graph speculative_generate(fast_target, fast_draft, ..., gamma=gamma) uses with these
     sampling settings (the same arguments): each model's steps for the loop of model calls, and the
     round as one graph (_FusedRounds, greedy or sampled) where fuses_rounds(sampling). Returns the seconds
-    the generators' warm-ups took so far plus the rounds' (time it apart from the generation)."""
+    the generators' warm-ups took so far plus the compile seconds of this pair's rounds at this gamma (time
+    it apart from the generation; a difference of two calls with different gammas is not a warm-up time)."""
     _check_gamma(gamma)
     sampling = _check_sampling(sampling, temperature)
     counts = speculative_token_counts(gamma)
