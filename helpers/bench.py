@@ -18,8 +18,8 @@ compiled draft and verify steps (FastGenerators) against plain compiled decoding
 Rows for chapter 07: what each lever of the compiled step buys (inductor's C++ wrapper, the buffer sized
 to the generation, prefill's share of the time), the compiled step against its roofline ceiling, bf16
 against fp32 (all-bf16 eager, and bf16 / fp16 weights with fp32 arithmetic in the compiled step), and
-llama.cpp on the same weights (GGUF f32 and f16) when llama-cpp-python is installed (`pip install
-llama-cpp-python`: it builds llama.cpp from source, tens of minutes on 2 cores; not yet part of CI).
+llama.cpp on the same weights (GGUF f32 and f16) when llama-cpp-python is installed (`pip install -r
+requirements-ci.txt`: it builds llama.cpp from source, about 10-12 minutes on 2 cores; CI installs it).
 Rows for chapter 13 come from helpers/serving/bench.py (continuous vs sequential and
 static batching, KV utilisation, prefix caching, chunked prefill).
 """
@@ -417,14 +417,16 @@ def rows_speculative(target, draft, tok, n_new: int, repeats: int, progress) -> 
 
 
 def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast, progress,
-                              gamma: int | None = None, sampled_gamma: int | None = None) -> list[Row]:
+                              gamma: int | None = None, sampled_gamma: int | None = None, label: str = "",
+                              fused_only: bool = False) -> list[Row]:
     """Speculative decoding with compiled draft and verify steps (FastGenerators, speculative.py) against
     plain compiled decoding (`fast`, the same generator as the target's), on rows_speculative's prompts:
     greedy and T=1, each with every round one compiled graph (the default) and with the models called one
     at a time. Plus the compiled premise (a (gamma + 1)-token verify pass against a 1-token step, for both
     gammas), and for each row the most the measured costs allow: tokens per target call / (v + gamma * c),
     the cost model of chapter 12 with no loop overhead, and the same with a verify pass as cheap as one
-    step (v = 1)."""
+    step (v = 1). The draft's generator autotunes its GEMM when `fast` does (so then does each round);
+    `label` is added to the row names, and fused_only keeps the rows with each round one graph."""
     from .data import validation_documents
     from .fast_decode import FastGenerator
     from .speculative import (
@@ -440,7 +442,7 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
     sampled_gamma = DEFAULT_COMPILED_SAMPLED_GAMMA if sampled_gamma is None else sampled_gamma
     docs = validation_documents()
     prompts = [tok.encode(docs[i][:400], bos=True)[:64] for i in (3, 11, 19)]  # three held-out files
-    fast_draft = FastGenerator(draft, max_seq_len=fast.cache.max_seq_len)
+    fast_draft = FastGenerator(draft, max_seq_len=fast.cache.max_seq_len, gemm_autotune=fast.gemm_autotune)
     # before any timing: compiling is not decoding
     warmup_speculative(fast, fast_draft, gamma)
     warmup_speculative(fast, fast_draft, sampled_gamma, temperature=1.0)
@@ -480,7 +482,9 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
     variants = [("greedy", 0.0, gamma, True, 2.0), ("greedy, models called one at a time", 0.0, gamma, False, None),
                 ("T=1", 1.0, sampled_gamma, True, 1.3),
                 ("T=1, models called one at a time", 1.0, sampled_gamma, False, None)]
-    for label, temperature, g, fuse, target_ratio in variants:
+    if fused_only:
+        variants = [v for v in variants if v[3]]
+    for name, temperature, g, fuse, target_ratio in variants:
         tb, tc, same = [], [], True
         for r in range(repeats):
             for p in prompts:
@@ -492,21 +496,21 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
                 def spec():
                     out, st = speculative_generate(fast, fast_draft, p, n_new, gamma=g, temperature=temperature,
                                                    generator=gc, fuse_rounds=fuse)
-                    stats[label] = stats.get(label, SpeculativeStats()).merge(st)
+                    stats[name] = stats.get(name, SpeculativeStats()).merge(st)
                     return out
                 tc.append(_timed(lambda: out_c.setdefault("x", spec()), target.device))
                 if temperature == 0:
                     same &= torch.equal(out_b["x"], out_c["x"])
         progress()
         pairs = [sum(tb[i:i + len(prompts)]) / sum(tc[i:i + len(prompts)]) for i in range(0, len(tb), len(prompts))]
-        st = stats[label]
+        st = stats[name]
         e = st.tokens_per_target_call
         model_bound, free_verify = e / (v[g] + g * c), e / (1 + g * c)
         note = (f"gamma {g}, alpha {st.acceptance_rate:.2f}, {e:.2f} tokens/target call, v {v[g]:.2f}; the costs "
                 f"allow {model_bound:.2f}x, {free_verify:.2f}x with v = 1"
                 + (", distribution: tests/test_speculative.py" if temperature else "")
                 + f"; {compile_note(temperature)}")
-        rows.append(Row(f"speculative compiled, draft model, {label} vs plain compiled", "plain compiled",
+        rows.append(Row(f"speculative compiled{label}, draft model, {name} vs plain compiled{label}", "plain compiled",
                         "speculative compiled", pairs, f"{n_new * len(tb) / sum(tb):.0f} tok/s",
                         f"{n_new * len(tc) / sum(tc):.0f} tok/s", target=target_ratio,
                         same_output=same if temperature == 0 else None, note=note,
@@ -515,19 +519,20 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
                                "cost_model_bound": model_bound, "bound_with_free_verify": free_verify}))
     for g in gammas:
         tv, t = verify_times[g]
-        rows.append(Row(f"compiled: cost of a {g + 1}-token verify pass / 1 step", f"{g + 1} tokens", "1 token",
+        rows.append(Row(f"compiled{label}: cost of a {g + 1}-token verify pass / 1 step", f"{g + 1} tokens", "1 token",
                         _ratios(tv, t), f"{statistics.median(tv) * 1e3:.2f} ms", f"{statistics.median(t) * 1e3:.2f} ms",
                         note=f"speculation pays when this is near 1; a draft step costs {c:.2f} target steps",
                         extra={"draft_step_over_target_step": c}))
     return rows
 
 
-def rows_compile_levers(model, tok, n_new: int, repeats: int, fast, progress) -> list[Row]:
+def rows_compile_levers(model, tok, n_new: int, repeats: int, fast, progress, tuned=None) -> list[Row]:
     """What each lever of the compiled step buys, each against the plain compiled step (buffer sized to
     the generation) in the same run: a buffer of the whole context window, the default CPU choices undone
     one at a time (generated Python driving the kernels in place of C++, the weights passed in as inputs
     in place of frozen constants, nn.Linear's weight layout, torch's SDPA in place of fused attention),
-    and the share of a generation that the (eager) prefill takes: compiling prefill can save at most that."""
+    `tuned` (the opt-in gemm_autotune step, if given), and the share of a generation that the (eager)
+    prefill takes: compiling prefill can save at most that."""
     from .fast_decode import FastGenerator
     from .generate import prefill
     from .kv_cache import KVCache
@@ -551,6 +556,8 @@ def rows_compile_levers(model, tok, n_new: int, repeats: int, fast, progress) ->
     if fast.static_attention == "sums":  # what the fused attention buys: the same step calling torch's SDPA
         levers.append(("SDPA in place of fused attention",
                        FastGenerator(model, max_seq_len=S, static_attention="sdpa")))
+    if tuned is not None:  # the opt-in lever: inductor's own GEMM on prepacked weights, autotuned per product
+        levers.append(("inductor's autotuned GEMM (gemm_autotune)", tuned))
     for label, cand in levers:
         secs = cand.warmup()
         same = torch.equal(cand.generate(prompt, n_new), ref)
@@ -569,7 +576,7 @@ def rows_compile_levers(model, tok, n_new: int, repeats: int, fast, progress) ->
     return rows
 
 
-def row_compiled_vs_limit(model, tok, n_new: int, repeats: int, fast, progress) -> Row:
+def row_compiled_vs_limit(model, tok, n_new: int, repeats: int, fast, progress, label: str = "compiled step") -> Row:
     """The compiled step against the roofline ceiling for this model on this machine: max(bytes per token /
     measured copy bandwidth, FLOPs per token / measured peak). Ratio = ceiling / measured (1 = at the limit)."""
     from .flops import forward_bytes, forward_flops
@@ -591,7 +598,7 @@ def row_compiled_vs_limit(model, tok, n_new: int, repeats: int, fast, progress) 
         measured.append(per_token)
         limits.append(limit)
     progress()
-    return Row("compiled step vs its roofline ceiling", "ceiling", "compiled", ratios,
+    return Row(f"{label} vs its roofline ceiling", "ceiling", "compiled", ratios,
                f"{statistics.median(limits) * 1e3:.2f} ms ceiling", f"{statistics.median(measured) * 1e3:.2f} ms/token",
                target=round(1 / 1.5, 2), note=f"{step_bytes / 1e6:.1f} MB/token; fraction of the limit reached")
 
@@ -646,9 +653,10 @@ def rows_precision_compiled(model, big, repeats: int, progress) -> list[Row]:
     return rows
 
 
-def rows_llama_cpp(model, tok, n_new: int, repeats: int, fast, progress) -> tuple[list[Row], str]:
-    """llama.cpp (through llama-cpp-python) on the same weights exported to GGUF f32, against the compiled
-    step; same prompt, same number of greedy tokens, same thread count."""
+def rows_llama_cpp(model, tok, n_new: int, repeats: int, fast, progress, label: str = "helpers compiled step",
+                   file_types=("f32", "f16")) -> tuple[list[Row], str]:
+    """llama.cpp (through llama-cpp-python) on the same weights exported to GGUF (f32, f16), against the
+    compiled step `fast`; same prompt, same number of greedy tokens, same thread count."""
     try:
         import llama_cpp
     except ImportError:
@@ -664,7 +672,7 @@ def rows_llama_cpp(model, tok, n_new: int, repeats: int, fast, progress) -> tupl
     rows = []
     cpu_model = model if model.device.type == "cpu" else copy.deepcopy(model).to("cpu", torch.float32)
     with tempfile.TemporaryDirectory() as tmp:
-        for file_type in ("f32", "f16"):
+        for file_type in file_types:
             path = write_gguf(cpu_model, tok, Path(tmp) / f"target-{file_type}.gguf", file_type)
             # a float32 KV cache like ours (llama.cpp's default is float16)
             llm = llama_cpp.Llama(model_path=str(path), n_ctx=len(prompt_ids) + n_new + 8,
@@ -682,7 +690,7 @@ def rows_llama_cpp(model, tok, n_new: int, repeats: int, fast, progress) -> tupl
             same = theirs() == fast.generate(prompt, n_new)[0, len(prompt_ids):].tolist()
             tb, tc = interleaved(theirs, lambda: fast.generate(prompt, n_new), model.device, repeats)
             progress()
-            rows.append(Row(f"helpers compiled step vs llama.cpp {file_type}", f"llama.cpp {file_type}",
+            rows.append(Row(f"{label} vs llama.cpp {file_type}", f"llama.cpp {file_type}",
                             "compiled step", _ratios(tb, tc), f"{n_new / statistics.median(tb):.0f} tok/s",
                             f"{n_new / statistics.median(tc):.0f} tok/s",
                             target=round(1 / 1.5, 2) if file_type == "f32" else None,
@@ -757,7 +765,9 @@ def main(argv=None):
     big = random_model(args.big_preset, device, dtype)
 
     n_quant = (3 if device.type == "cpu" else 2) + (0 if args.no_compile else 4 + 2)  # + rows_precision_compiled
-    steps = (0 if args.no_compile else 1 + 5 + 1 + 2 + 4) + cache_repeats + (1 if args.no_compile else 2) + 2 + 3 + \
+    tuned_steps = 5 if device.type == "cpu" else 0  # the autotuned step's lever, roofline, llama.cpp, 2 rounds
+    steps = (0 if args.no_compile else 1 + 5 + 1 + 2 + 4 + tuned_steps) + cache_repeats + \
+        (1 if args.no_compile else 2) + 2 + 3 + \
         n_quant + repeats
     bar = progress_bar(total=steps, desc="bench", unit="run")
     fast = None
@@ -769,22 +779,35 @@ def main(argv=None):
         secs = fast.warmup()
         compile_note = f"compile {secs:.0f} s" if fast.compiled else "compile unavailable: eager fallback"
         bar.update(1)
+    # the opt-in step: frozen weights prepacked, inductor's own GEMM timed against the library's per product
+    tuned = None
+    if fast is not None and fast.freeze:
+        tuned = FastGenerator(model, max_seq_len=n_hf + 64, gemm_autotune=True)
     rows = []
     row, curves = row_cache_vs_recompute(model, tok, n_cache, cache_repeats, lambda: bar.update(1))
     rows.append(row)
     rows += row_vs_transformers(model, tok, n_hf, repeats, fast, lambda: bar.update(1))
     llama_note = ""
     if fast is not None:
-        rows += rows_compile_levers(model, tok, n_hf, repeats, fast, lambda: bar.update(1))
+        rows += rows_compile_levers(model, tok, n_hf, repeats, fast, lambda: bar.update(1), tuned=tuned)
         rows.append(row_compiled_vs_limit(model, tok, n_hf, repeats, fast, lambda: bar.update(1)))
+        if tuned is not None:
+            rows.append(row_compiled_vs_limit(model, tok, n_hf, repeats, tuned, lambda: bar.update(1),
+                                              label="compiled step, autotuned GEMM"))
         llama_rows, llama_note = rows_llama_cpp(model, tok, n_hf, repeats, fast, lambda: bar.update(1))
         rows += llama_rows
+        if tuned is not None and llama_rows:
+            rows += rows_llama_cpp(model, tok, n_hf, repeats, tuned, lambda: bar.update(1),
+                                   label="compiled step, autotuned GEMM", file_types=("f32",))[0]
     rows += rows_precision(model, big, 3 if quick else 5, lambda: bar.update(1))
     if fast is not None:
         rows += rows_precision_compiled(model, big, 3 if quick else 5, lambda: bar.update(1))
     rows += rows_speculative(model, draft, tok, n_spec, 2 if quick else 3, lambda: bar.update(1))
     if fast is not None:  # the same prompts, compiled draft and verify steps against the compiled plain loop
         rows += rows_speculative_compiled(model, draft, tok, n_spec, 2 if quick else 3, fast, lambda: bar.update(1))
+        if tuned is not None:  # the same rounds on autotuned generators, against the autotuned plain step
+            rows += rows_speculative_compiled(model, draft, tok, n_spec, 2 if quick else 3, tuned,
+                                              lambda: bar.update(1), label=" (autotuned GEMM)", fused_only=True)
     rows += rows_quantized(big, 3 if quick else 5, lambda: bar.update(1))
     if fast is not None:
         rows += rows_quantized_compiled(big, 3 if quick else 5, lambda: bar.update(1))

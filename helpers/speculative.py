@@ -340,12 +340,14 @@ class _FusedRounds:
         self._arange = torch.arange(gamma + 1, device=device)  # (gamma + 1,)
         self._u = torch.full((2 * gamma + 1,), 0.5, device=device)  # (2 gamma + 1,) a sampled round's uniforms
         self._temperature = torch.ones((), device=device)  # a sampled round's temperature, a 0-d input
-        # the weights stay inputs, not frozen constants: passing them costs a round about 1% (7.99 vs 8.09 ms,
-        # interleaved), since the round is one call per gamma + 1 tokens, while a frozen round loaded from the
-        # on-disk cache in 8-10 s instead of about 2 (inductor's freezing passes run before its cache lookup)
-        self.freeze = False
+        # the round multiplies as the generators' own steps do: when both run inductor's autotuned GEMM
+        # (frozen weights, the CPU default) so does the round, or its products would be the library's,
+        # slower than the plain step it is compared with; otherwise the weights stay inputs (library
+        # products; a frozen round without the GEMM loaded from the on-disk cache in 8-10 s, not ~2)
+        self.freeze = target.gemm_autotune and draft.gemm_autotune
         self._fn = torch.compile(self._sampled_round if sampled else self._greedy_round,
-                                 **compile_options(target.mode, cpp_wrapper=target.cpp_wrapper, freeze=self.freeze))
+                                 **compile_options(target.mode, cpp_wrapper=target.cpp_wrapper, freeze=self.freeze,
+                                                   gemm_autotune=self.freeze))
         self.compiled = False
         self.compile_seconds = 0.0
 

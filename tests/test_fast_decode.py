@@ -298,6 +298,30 @@ def test_frozen_weights_are_constants_of_the_compiled_step(model):
     assert torch.equal(fast.generate(prompt, 40), plain.generate(prompt, 40))
 
 
+@pytest.mark.skipif(not compile_available(), reason="torch.compile needs a C++ compiler on the CPU")
+def test_autotuned_gemm_step_gives_the_tokens_and_logits_of_the_library_step(model):
+    """gemm_autotune (opt-in): the frozen weights prepacked and each product timed as inductor's own C++ GEMM
+    against the library's call; whichever wins, the step's tokens are generate's and its logits those of
+    the eager step to float rounding. It needs frozen weights, and says so."""
+    with pytest.raises(ValueError, match="freeze"):
+        FastGenerator(model, compile=False, freeze=False, gemm_autotune=True)
+    assert not FastGenerator(model, compile=False).gemm_autotune  # opt-in
+    tuned = FastGenerator(model, max_seq_len=48, gemm_autotune=True)
+    assert tuned.warmup() > 0 and tuned.compiled and tuned.freeze
+    assert tuned._compile_key() != FastGenerator(model, max_seq_len=48)._compile_key()
+    for prompt in ([3, 1, 4, 1, 5], [9]):
+        assert torch.equal(tuned.generate(prompt, 40), generate(model, prompt, 40))
+    with torch.no_grad():
+        tuned.cache.reset()
+        cache = KVCache.for_model(model, max_seq_len=48)
+        prompt = torch.tensor([[3, 1, 4]])
+        prefill(tuned.decode_model, prompt, tuned.cache)
+        prefill(model, prompt, cache)
+        expected = model(torch.tensor([[5]]), cache=cache, input_pos=torch.tensor([3]), check=False)[:, -1]  # (1, V)
+        got = tuned.step(torch.tensor([[5]]), torch.tensor([3]))
+    assert (got - expected).abs().max() <= 1e-4 * expected.abs().max()
+
+
 _FROZEN_FROM_CACHE = """
 import sys, torch
 from conftest import random_model

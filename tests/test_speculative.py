@@ -401,6 +401,25 @@ def _fast_pair(tiny_pair, compile):
     return FastGenerator(target, compile=compile), FastGenerator(draft, compile=compile)
 
 
+@pytest.mark.skipif(not compile_available(), reason="torch.compile needs a C++ compiler on the CPU")
+def test_fused_round_multiplies_as_its_generators_do(tiny_pair):
+    """On generators with the autotuned GEMM (frozen weights) the round is frozen and autotuned too, so its
+    products are the plain step's kind; on the default generators it keeps the weights as inputs. Greedy
+    tokens are the target's either way."""
+    from helpers import speculative
+
+    target, _ = tiny_pair
+    plain_t, plain_d = _fast_pair(tiny_pair, compile=True)
+    tuned_t, tuned_d = (FastGenerator(m, gemm_autotune=True) for m in tiny_pair)
+    for fast_t, fast_d, frozen in ((plain_t, plain_d, False), (tuned_t, tuned_d, True)):
+        warmup_speculative(fast_t, fast_d, 3)
+        fused = speculative._fused_rounds(fast_t, fast_d, 3, sampled=False)
+        assert fused.compiled and fused.freeze == frozen
+        for prompt in ([1, 2], [4, 0, 3, 3, 1, 2, 0]):
+            out, _ = speculative_generate(fast_t, fast_d, prompt, 40, gamma=3)
+            assert torch.equal(out, generate(target, prompt, 40)), (frozen, prompt)
+
+
 def test_static_eager_speculative_equals_target_greedy(tiny_pair):
     target, _ = tiny_pair
     fast_t, fast_d = _fast_pair(tiny_pair, compile=False)
