@@ -66,6 +66,17 @@ def test_temperature_equals_hf(kind, temperature):
     assert same(apply_temperature(logits, temperature), TemperatureLogitsWarper(temperature)(None, logits))
 
 
+def test_temperature_of_one_or_more_needs_no_overflow_guard():
+    """From T = 1 up the plain division is returned as it is (the guard is skipped): it cannot overflow,
+    even at the largest finite float32 logits, and it is exactly the guarded result."""
+    big = torch.finfo(torch.float32).max
+    logits = torch.tensor([[big, -big, 0.0, float("-inf")]])
+    for temperature in (1.0, 1.5, 3.0):  # exact in float32, so the tensor holds the same number
+        got = apply_temperature(logits, temperature)
+        assert torch.isfinite(got[0, :3]).all() and torch.isneginf(got[0, 3])
+        assert same(got, apply_temperature(logits, torch.tensor(temperature)))  # the guarded (tensor) path
+
+
 def test_temperature_as_a_tensor_equals_the_number():
     """A 0-d tensor temperature (how a compiled graph takes it) gives the same values, the overflow guard
     included: a row of huge finite logits at a tiny temperature."""
