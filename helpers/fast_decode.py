@@ -63,8 +63,9 @@ Opt-in on a CPU, `gemm_autotune=True` (frozen weights only): inductor prepacks t
 for every product, its own generated C++ GEMM (its CPU GEMM template, micro-kernels for the machine's
 vector width) against the library's packed call, keeping the faster. On a 2-core AMD EPYC VM (Zen 5,
 AVX-512, one thread) the course model's step ran 1.77-1.94x faster (0.53-0.66 ms against 0.93-1.27 ms,
-interleaved, same greedy tokens), the 149M random-weight model's 1.66x (21.9 against 36.4 ms), and a
-4-token verify pass cost 1.17-1.27 steps instead of 1.85. It is not the default, for its price: the
+interleaved, same greedy tokens; 1.67-1.69x in `python -m helpers.bench`'s lever row), the 149M
+random-weight model's 1.66x (21.9 against 36.4 ms), and a 4-token verify pass cost 1.17-1.31 steps
+instead of 1.78-1.85. It is not the default, for its price: the
 packed weights cannot be pickled, so inductor's graph cache is bypassed and every new process lowers
 the step again (15-20 s for the course model, about 14 s for a tiny one, instead of 2-5 s from the
 cache; only the products' timings and the C++ kernels are cached), and it has been measured on that

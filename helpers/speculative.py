@@ -341,9 +341,9 @@ class _FusedRounds:
         self._u = torch.full((2 * gamma + 1,), 0.5, device=device)  # (2 gamma + 1,) a sampled round's uniforms
         self._temperature = torch.ones((), device=device)  # a sampled round's temperature, a 0-d input
         # the round multiplies as the generators' own steps do: when both run inductor's autotuned GEMM
-        # (frozen weights, the CPU default) so does the round, or its products would be the library's,
-        # slower than the plain step it is compared with; otherwise the weights stay inputs (library
-        # products; a frozen round without the GEMM loaded from the on-disk cache in 8-10 s, not ~2)
+        # (opt-in, on frozen weights) so does the round, or its products would be the library's, slower
+        # than the plain step it is compared with; otherwise the weights stay inputs (library products;
+        # a frozen round without the GEMM loaded from the on-disk cache in 8-10 s, not ~2)
         self.freeze = target.gemm_autotune and draft.gemm_autotune
         self._fn = torch.compile(self._sampled_round if sampled else self._greedy_round,
                                  **compile_options(target.mode, cpp_wrapper=target.cpp_wrapper, freeze=self.freeze,
