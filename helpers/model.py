@@ -278,7 +278,9 @@ class Transformer(nn.Module):
 
         cache:       a KVCache built for this model (checked: kv_cache.check_cache); the T tokens are placed
                      at positions start_pos .. start_pos+T-1 (start_pos defaults to the number already cached).
-        attn_window: attend only to the last `attn_window` positions (sliding-window attention).
+        attn_window: attend only to the last `attn_window` positions (sliding-window attention). A cache
+                     whose slots imply a window (sliding_window.RollingKVCache: its `attn_window`) supplies
+                     it when none is passed, and refuses a different one: its slots hold that many positions.
         last_only:   compute logits for the last position only (B, 1, vocab): prefill needs no more.
         check:       validate idx (dtype, shape, id range). The decode loop turns this off for tokens
                      the model itself produced: the range check reads the tensor, a sync on a GPU.
@@ -295,6 +297,11 @@ class Transformer(nn.Module):
         B, T = idx.shape
         if cache is not None:
             check_cache(cache, self)
+            implied = getattr(cache, "attn_window", None)  # a rolling cache keeps exactly that many positions
+            if implied is not None and attn_window not in (None, implied):
+                raise ValueError(f"this cache keeps the last {implied} positions: attn_window must be {implied} "
+                                 f"(or None, to take it from the cache); got {attn_window!r}")
+            attn_window = implied if attn_window is None else attn_window
             start_pos = cache.length if start_pos is None else start_pos
             if not 0 <= start_pos <= cache.length:
                 raise ValueError(f"start_pos must be in [0, {cache.length}] (the cached length); got {start_pos}")

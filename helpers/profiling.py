@@ -17,11 +17,17 @@ Out of scope: GPU kernel timelines (the profiler's CUDA activity), memory profil
 """
 from __future__ import annotations
 
+import os
 from collections import Counter
 from dataclasses import dataclass
 
 import torch
 from torch.overrides import TorchFunctionMode
+
+# torch.profiler's CPU tracer (kineto) writes "USDT: ... profiler_start" and "profiler_stop" to stderr on
+# every profile, a log level above its errors: a notebook cell would show them under every table. Level 6
+# silences kineto's own log (read when a profile starts; set KINETO_LOG_LEVEL yourself to see it again).
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 # the operators that do a matrix multiply on a CPU (the kernel itself, not the wrappers around it)
 MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_weight_int8pack_mm",

@@ -7,8 +7,8 @@ position p lives in slot p % W, and each new token overwrites the oldest one. Wi
 the tests check that the two agree.
 
     cache = RollingKVCache.for_model(model, window=64)
-    logits = model(idx, cache=cache, attn_window=cache.window)    # always pass the window
-    ids = generate_sliding_window(model, prompt, max_new_tokens=100, window=64)
+    logits = model(idx, cache=cache)                  # the window comes from the cache (cache.attn_window)
+    ids = generate_sliding_window(model, prompt, max_new_tokens=100, window=64)   # generate() on such a cache
 
 Why slot order does not matter for one new token: each key carries its position inside it (the
 rotary embedding rotated it when it was written), and attention is a weighted sum over a *set* of
@@ -38,9 +38,8 @@ from __future__ import annotations
 
 import torch
 
-from .generate import _setup
+from .generate import _setup, generate
 from .model import apply_rope
-from .sampling import next_token
 
 
 class RollingLayerCache:
@@ -103,6 +102,12 @@ class RollingKVCache:
         return cls(cfg.n_layers, batch_size, cfg.n_kv_heads, window, cfg.head_dim, cfg.max_seq_len,
                    dtype=dtype or model.dtype, device=model.device, model_cfg=cfg)
 
+    @property
+    def attn_window(self) -> int:
+        """The attention window these slots imply: Transformer.forward attends over the last `window`
+        positions with this cache, and refuses any other attn_window (the older keys are gone)."""
+        return self.window
+
     def layer(self, i: int) -> RollingLayerCache:
         return self._layers[i]
 
@@ -120,26 +125,15 @@ class RollingKVCache:
                 f"dtype={self.k.dtype}, length={self.length}, nbytes={self.nbytes:,})")
 
 
-@torch.no_grad()
-def generate_sliding_window(model, prompt, max_new_tokens: int, window: int, *, temperature: float = 0.0,
-                            sampling=None, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Like generate(), but every token attends only to the last `window` positions, and the cache
-    holds `window` slots. Returns (B, T + max_new_tokens) ids. Same results as running the model
-    without a cache with attn_window=window."""
-    prompt, sampling = _setup(model, prompt, max_new_tokens, sampling, temperature, generator)
-    B, T = prompt.shape
-    cache = RollingKVCache.for_model(model, window, batch_size=B)  # before returning early: it checks `window`
-    if max_new_tokens == 0:
-        return prompt
-    out = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=prompt.device)
-    out[:, :T] = prompt
-    logits = model(prompt, cache=cache, attn_window=window, last_only=True)[:, -1]  # (B, V)
-    for n in range(max_new_tokens):
-        tok = next_token(logits, sampling, generator, out[:, :T + n])  # (B, 1)
-        out[:, T + n] = tok[:, 0]
-        if n + 1 < max_new_tokens:
-            logits = model(tok, cache=cache, attn_window=window, check=False)[:, -1]
-    return out
+def generate_sliding_window(model, prompt, max_new_tokens: int, window: int, **generate_kwargs) -> torch.Tensor:
+    """generate() on a RollingKVCache of `window` slots: every token attends only to the last `window`
+    positions. Returns (B, T + n_new) ids, the same as running the model without a cache with
+    attn_window=window; takes every keyword of generate() (sampling, stop conditions, logits processors,
+    progress) except `cache` and `step`. Positions are still limited by the context window."""
+    prompt, _ = _setup(model, prompt, max_new_tokens, generate_kwargs.get("sampling"),
+                       generate_kwargs.get("temperature", 0.0), generate_kwargs.get("generator"))
+    cache = RollingKVCache.for_model(model, window, batch_size=prompt.shape[0])  # checks `window`
+    return generate(model, prompt, max_new_tokens, cache=cache, **generate_kwargs)
 
 
 class SinkLayerCache:

@@ -166,7 +166,10 @@ def scroll_to(page, locator, steps: int = 200):
     page.evaluate("document.querySelectorAll('.jp-WindowedPanel-outer').forEach(e => e.scrollTop = 0)")
     for _ in range(steps):
         if locator.count() > 0:
-            locator.first.scroll_into_view_if_needed()
+            # the top of the element at the top of the view: "if needed" leaves a panel that peeks in at the
+            # bottom where it is, and the part of it below the view is not rendered (empty inner_text)
+            locator.first.evaluate("e => e.scrollIntoView({block: 'start'})")
+            page.wait_for_timeout(300)
             return
         page.evaluate("document.querySelectorAll('.jp-WindowedPanel-outer').forEach(e => e.scrollTop += 400)")
         page.wait_for_timeout(150)

@@ -88,6 +88,47 @@ def test_a_window_as_long_as_the_sequence_is_ordinary_generation():
     assert torch.equal(generate_sliding_window(model, prompt, 50, window=60), generate(model, prompt, 50))
 
 
+def test_the_cache_supplies_its_window_and_refuses_another():
+    model, window = random_model(CONFIGS["gqa"], seed=9), 8
+    seq = ids(30, seed=5)
+    with torch.no_grad():
+        reference = model(seq, attn_window=window)  # (1, 30, V)
+        cache = RollingKVCache.for_model(model, window)
+        out = torch.cat([model(seq[:, :20], cache=cache), model(seq[:, 20:21], cache=cache),
+                         model(seq[:, 21:], cache=cache)], 1)  # no attn_window: the cache's
+        assert torch.allclose(out, reference, atol=TOL, rtol=0)
+        # a longer window would need keys the ring dropped; a shorter one would mask a decode step's keys as
+        # if they were in position order, which ring slots are not: both would be silently wrong
+        for other in (window - 1, window + 1, 1024):
+            with pytest.raises(ValueError, match="keeps the last 8 positions: attn_window must be 8"):
+                model(seq[:, :1], cache=cache, attn_window=other)
+    assert cache.length == 30  # the refused calls wrote nothing
+
+
+def test_sliding_window_generation_is_generates_loop():
+    """Stop conditions, logits processors and seeded sampling come from generate() itself."""
+    model, window = random_model(CONFIGS["mha"], seed=10), 12
+    prompt = ids(16, seed=6)
+    gen = dict(temperature=1.0, generator=torch.Generator().manual_seed(3))
+    sampled = generate_sliding_window(model, prompt, 30, window=window, **gen)
+    seq, g = prompt, torch.Generator().manual_seed(3)
+    with torch.no_grad():  # the naive path: the whole sequence every step, banded mask, the same draws
+        for _ in range(30):
+            probs = torch.softmax(model(seq, attn_window=window)[:, -1], -1)
+            seq = torch.cat([seq, torch.multinomial(probs, 1, generator=g)], 1)
+    assert torch.equal(sampled, seq)
+    eos = int(sampled[0, 16 + 5])  # stop at the sixth sampled token (the earliest occurrence, if it repeats)
+    stopped = generate_sliding_window(model, prompt, 30, window=window, eos_id=eos, **{
+        **gen, "generator": torch.Generator().manual_seed(3)})
+    first = 16 + sampled[0, 16:].tolist().index(eos)
+    assert torch.equal(stopped, sampled[:, :first + 1])
+    def ban_sampled(ids_, logits):
+        return logits.index_fill(-1, sampled[0, 16:], -1e9)
+
+    banned = generate_sliding_window(model, prompt, 10, window=window, logits_processors=[ban_sampled])
+    assert not set(banned[0, 16:].tolist()) & set(sampled[0, 16:].tolist())
+
+
 @pytest.mark.parametrize("bad", [0, -3, 257, 2.0, True])
 def test_bad_window(bad):
     model = random_model(CONFIGS["gqa"], seed=7)
