@@ -68,8 +68,10 @@ random-weight model's 1.66x (21.9 against 36.4 ms), and a 4-token verify pass co
 instead of 1.78-1.85. It is not the default, for its price: the
 packed weights cannot be pickled, so inductor's graph cache is bypassed and every new process lowers
 the step again (15-20 s for the course model, about 14 s for a tiny one, instead of 2-5 s from the
-cache; only the products' timings and the C++ kernels are cached), and it has been measured on that
-one CPU (on an Intel Sapphire Rapids VM, prepacking without the template made the step 0.87x).
+cache; only the products' timings and the C++ kernels are cached), and what it buys depends on the CPU:
+on a 2-core Intel Xeon VM (AVX-512, one thread) the course model's step was 1.01x (1.01 against 1.02 ms,
+interleaved, 25 s to lower it cold), and on an Intel Sapphire Rapids VM prepacking without the template
+made the step 0.87x.
 Speculative rounds on two such generators are frozen and autotuned too (speculative._FusedRounds).
 
 `forward(tokens, input_pos)` runs T > 1 tokens through the same static path (speculative decoding's

@@ -86,6 +86,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 import warnings
 
 import torch
@@ -210,6 +211,18 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     """Inverse of pack_int4: (N, K/2) uint8 -> (N, K) uint8 codes."""
     low, high = packed & 0x0F, packed >> 4
     return torch.stack([low, high], dim=-1).reshape(packed.shape[0], -1)  # (N, K)
+
+
+class _KnownFallback(logging.Filter):
+    """Drops inductor's warning that aten.detach_copy (see _materialize) has no C shim: with the C++ wrapper
+    it is called through the proxy executor instead, as intended, and a cold compile would otherwise print
+    the warning once per quantized layer."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "aten.detach_copy" not in record.getMessage()
+
+
+logging.getLogger("torch._inductor.ir").addFilter(_KnownFallback())
 
 
 def _materialize(x: torch.Tensor) -> torch.Tensor:
