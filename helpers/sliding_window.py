@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import torch
 
-from .generate import _setup, generate
+from .generate import as_prompt_tensor, generate
 from .model import apply_rope
 
 
@@ -130,8 +130,7 @@ def generate_sliding_window(model, prompt, max_new_tokens: int, window: int, **g
     positions. Returns (B, T + n_new) ids, the same as running the model without a cache with
     attn_window=window; takes every keyword of generate() (sampling, stop conditions, logits processors,
     progress) except `cache` and `step`. Positions are still limited by the context window."""
-    prompt, _ = _setup(model, prompt, max_new_tokens, generate_kwargs.get("sampling"),
-                       generate_kwargs.get("temperature", 0.0), generate_kwargs.get("generator"))
+    prompt = as_prompt_tensor(prompt, model)  # (B, T); generate() checks everything else
     cache = RollingKVCache.for_model(model, window, batch_size=prompt.shape[0])  # checks `window`
     return generate(model, prompt, max_new_tokens, cache=cache, **generate_kwargs)
 

@@ -122,6 +122,7 @@ def test_sliding_window_generation_is_generates_loop():
         **gen, "generator": torch.Generator().manual_seed(3)})
     first = 16 + sampled[0, 16:].tolist().index(eos)
     assert torch.equal(stopped, sampled[:, :first + 1])
+
     def ban_sampled(ids_, logits):
         return logits.index_fill(-1, sampled[0, 16:], -1e9)
 
