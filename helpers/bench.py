@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .device import default_device, default_dtype, synchronize
+from .device import default_device, default_dtype, synchronize, time_interleaved
 from .plotting import FIGURES
 
 
@@ -75,13 +75,7 @@ def _timed(fn, device) -> float:
 
 def interleaved(baseline, candidate, device, repeats: int, warmup: int = 1) -> tuple[list[float], list[float]]:
     """Seconds per call of each, measured alternately so drift in machine load hits both alike."""
-    for _ in range(warmup):
-        baseline()
-        candidate()
-    tb, tc = [], []
-    for _ in range(repeats):
-        tb.append(_timed(baseline, device))
-        tc.append(_timed(candidate, device))
+    tb, tc = time_interleaved([baseline, candidate], device, repeats, warmup)
     return tb, tc
 
 
@@ -424,8 +418,9 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
     greedy and T=1, each with every round one compiled graph (the default) and with the models called one
     at a time. Plus the compiled premise (a (gamma + 1)-token verify pass against a 1-token step, for both
     gammas), and for each row the most the measured costs allow: tokens per target call / (v + gamma * c),
-    the cost model of chapter 12 with no loop overhead, and the same with a verify pass as cheap as one
-    step (v = 1). The draft's generator autotunes its GEMM when `fast` does (so then does each round);
+    the cost model of chapter 12 with no loop overhead, the same with a verify pass as cheap as one
+    step (v = 1), and with every proposal accepted ((gamma + 1) / (v + gamma * c): no draft of this cost
+    does better). The draft's generator autotunes its GEMM when `fast` does (so then does each round);
     `label` is added to the row names, and fused_only keeps the rows with each round one graph."""
     from .data import validation_documents
     from .fast_decode import FastGenerator
@@ -506,8 +501,9 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
         st = stats[name]
         e = st.tokens_per_target_call
         model_bound, free_verify = e / (v[g] + g * c), e / (1 + g * c)
+        all_accepted = (g + 1) / (v[g] + g * c)  # what no draft of this cost can beat
         note = (f"gamma {g}, alpha {st.acceptance_rate:.2f}, {e:.2f} tokens/target call, v {v[g]:.2f}; the costs "
-                f"allow {model_bound:.2f}x, {free_verify:.2f}x with v = 1"
+                f"allow {model_bound:.2f}x, {free_verify:.2f}x with v = 1, {all_accepted:.2f}x accepting every proposal"
                 + (", distribution: tests/test_speculative.py" if temperature else "")
                 + f"; {compile_note(temperature)}")
         rows.append(Row(f"speculative compiled{label}, draft model, {name} vs plain compiled{label}", "plain compiled",
@@ -516,7 +512,8 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
                         same_output=same if temperature == 0 else None, note=note,
                         extra={"alpha": st.acceptance_rate, "tokens_per_target_call": e, "gamma": g,
                                "compile_seconds": secs[temperature], "fused_rounds": fuse,
-                               "cost_model_bound": model_bound, "bound_with_free_verify": free_verify}))
+                               "cost_model_bound": model_bound, "bound_with_free_verify": free_verify,
+                               "bound_accepting_every_proposal": all_accepted}))
     for g in gammas:
         tv, t = verify_times[g]
         rows.append(Row(f"compiled{label}: cost of a {g + 1}-token verify pass / 1 step", f"{g + 1} tokens", "1 token",

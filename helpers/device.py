@@ -60,5 +60,23 @@ def time_call(fn, device, repeats: int = 5, warmup: int = 1) -> list[float]:
     return times
 
 
+def time_interleaved(fns, device, repeats: int = 5, warmup: int = 1) -> list[list[float]]:
+    """Seconds per call of each function in fns, called in turn (fns[0], fns[1], ..., fns[0], ...), so that
+    a change in the machine's speed (a shared VM, a CPU changing clock) hits all of them alike: a ratio of
+    their medians is then fair where back-to-back timings of each are not. One list per function."""
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    times = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, out in zip(fns, times):
+            synchronize(device)
+            t0 = time.perf_counter()
+            fn()
+            synchronize(device)
+            out.append(time.perf_counter() - t0)
+    return times
+
+
 def median(xs) -> float:
     return statistics.median(xs)
