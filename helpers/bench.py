@@ -73,9 +73,11 @@ def _timed(fn, device) -> float:
     return time.perf_counter() - t0
 
 
-def interleaved(baseline, candidate, device, repeats: int, warmup: int = 1) -> tuple[list[float], list[float]]:
-    """Seconds per call of each, measured alternately so drift in machine load hits both alike."""
-    tb, tc = time_interleaved([baseline, candidate], device, repeats, warmup)
+def interleaved(baseline, candidate, device, repeats: int, warmup: int = 1,
+                block: int = 1) -> tuple[list[float], list[float]]:
+    """Seconds per call of each, measured alternately so drift in machine load hits both alike (block: see
+    device.time_interleaved)."""
+    tb, tc = time_interleaved([baseline, candidate], device, repeats, warmup, block)
     return tb, tc
 
 
@@ -419,9 +421,11 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
     at a time. Plus the compiled premise (a (gamma + 1)-token verify pass against a 1-token step, for both
     gammas), and for each row the most the measured costs allow: tokens per target call / (v + gamma * c),
     the cost model of chapter 12 with no loop overhead, the same with a verify pass as cheap as one
-    step (v = 1), and with every proposal accepted ((gamma + 1) / (v + gamma * c): no draft of this cost
-    does better). The draft's generator autotunes its GEMM when `fast` does (so then does each round);
-    `label` is added to the row names, and fused_only keeps the rows with each round one graph."""
+    step (v = 1); for the rows with each round one graph, that graph's own cost R in target steps, tokens per
+    target call / R, and (gamma + 1) / R,
+    the most any draft of this cost could give even if every proposal were accepted. The draft's generator
+    autotunes its GEMM when `fast` does (so then does each round); `label` is added to the row names, and
+    fused_only keeps the rows with each round one graph."""
     from .data import validation_documents
     from .fast_decode import FastGenerator
     from .speculative import (
@@ -429,6 +433,7 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
         DEFAULT_COMPILED_SAMPLED_GAMMA,
         SpeculativeStats,
         _fused_rounds,
+        fused_round_call,
         speculative_generate,
         warmup_speculative,
     )
@@ -463,13 +468,21 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
     def step(T):
         return lambda: fast.forward(tokens[T], positions[T])
 
-    verify_times = {}
+    # each timed warm, in blocks of 5 calls (device.time_interleaved): called one after the other, the step and
+    # the verify pass (two copies of the weights) or the draft evict each other's data from the CPU's caches
+    verify_times, warm = {}, dict(repeats=10 * repeats, warmup=5, block=5)
     with torch.no_grad():  # the grad mode the graphs were compiled under
         for g in gammas:
-            verify_times[g] = interleaved(step(g + 1), step(1), target.device, 30 * repeats, warmup=5)
+            verify_times[g] = interleaved(step(g + 1), step(1), target.device, **warm)
         # and what a draft proposal costs next to a target step: gamma of them per round
-        td, t1 = interleaved(lambda: fast_draft.forward(tokens[1], positions[1]), step(1), target.device,
-                             30 * repeats, warmup=5)
+        td, t1 = interleaved(lambda: fast_draft.forward(tokens[1], positions[1]), step(1), target.device, **warm)
+        # and a whole round as one graph (gamma draft steps inside it, then the verify pass), where it compiled
+        round_costs = {}
+        for temperature, g in ((0.0, gamma), (1.0, sampled_gamma)):
+            run = fused_round_call(fast, fast_draft, g, T0, sampled=temperature > 0)
+            if run is not None:
+                tr, ts = interleaved(run, step(1), target.device, **warm)
+                round_costs[temperature] = statistics.median(tr) / statistics.median(ts)
     v = {g: statistics.median(tv) / statistics.median(t) for g, (tv, t) in verify_times.items()}
     c = statistics.median(td) / statistics.median(t1)
 
@@ -501,9 +514,13 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
         st = stats[name]
         e = st.tokens_per_target_call
         model_bound, free_verify = e / (v[g] + g * c), e / (1 + g * c)
-        all_accepted = (g + 1) / (v[g] + g * c)  # what no draft of this cost can beat
+        R = round_costs.get(temperature) if fuse else None  # the round graph, in target steps
+        # what the round graph allows, and with every proposal accepted: what no draft of this cost can beat
+        round_bound, all_accepted = (e / R, (g + 1) / R) if R else (None, None)
         note = (f"gamma {g}, alpha {st.acceptance_rate:.2f}, {e:.2f} tokens/target call, v {v[g]:.2f}; the costs "
-                f"allow {model_bound:.2f}x, {free_verify:.2f}x with v = 1, {all_accepted:.2f}x accepting every proposal"
+                f"allow {model_bound:.2f}x, {free_verify:.2f}x with v = 1"
+                + (f"; a round graph costs {R:.2f} steps: {round_bound:.2f}x, {all_accepted:.2f}x accepting every "
+                   "proposal" if R else "")
                 + (", distribution: tests/test_speculative.py" if temperature else "")
                 + f"; {compile_note(temperature)}")
         rows.append(Row(f"speculative compiled{label}, draft model, {name} vs plain compiled{label}", "plain compiled",
@@ -513,6 +530,7 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
                         extra={"alpha": st.acceptance_rate, "tokens_per_target_call": e, "gamma": g,
                                "compile_seconds": secs[temperature], "fused_rounds": fuse,
                                "cost_model_bound": model_bound, "bound_with_free_verify": free_verify,
+                               "round_graph_steps": R, "round_graph_bound": round_bound,
                                "bound_accepting_every_proposal": all_accepted}))
     for g in gammas:
         tv, t = verify_times[g]

@@ -60,21 +60,31 @@ def time_call(fn, device, repeats: int = 5, warmup: int = 1) -> list[float]:
     return times
 
 
-def time_interleaved(fns, device, repeats: int = 5, warmup: int = 1) -> list[list[float]]:
+def time_interleaved(fns, device, repeats: int = 5, warmup: int = 1, block: int = 1) -> list[list[float]]:
     """Seconds per call of each function in fns, called in turn (fns[0], fns[1], ..., fns[0], ...), so that
     a change in the machine's speed (a shared VM, a CPU changing clock) hits all of them alike: a ratio of
-    their medians is then fair where back-to-back timings of each are not. One list per function."""
+    their medians is then fair where back-to-back timings of each are not. One list per function.
+
+    block > 1: each turn calls the function once untimed and then `block` times, recording the mean of
+    those. Use it when the functions read different data (two models, two copies of the weights): called
+    one after another, each finds the CPU's caches full of the other's data, and runs slower than it does
+    in its own loop."""
+    if block < 1:
+        raise ValueError(f"block must be >= 1; got {block}")
     for _ in range(warmup):
         for fn in fns:
             fn()
     times = [[] for _ in fns]
     for _ in range(repeats):
         for fn, out in zip(fns, times):
+            if block > 1:
+                fn()  # brings its data back into the caches
             synchronize(device)
             t0 = time.perf_counter()
-            fn()
+            for _ in range(block):
+                fn()
             synchronize(device)
-            out.append(time.perf_counter() - t0)
+            out.append((time.perf_counter() - t0) / block)
     return times
 
 

@@ -1,6 +1,7 @@
 """helpers.device's timers: what they call, in which order, and what they return."""
 import time
 
+import pytest
 import torch
 
 from helpers.device import median, time_call, time_interleaved
@@ -26,3 +27,13 @@ def test_time_call_counts_repeats_not_warmup():
     calls = []
     times = time_call(lambda: calls.append(1), torch.device("cpu"), repeats=4, warmup=3)
     assert len(calls) == 7 and len(times) == 4
+
+
+def test_time_interleaved_block_rewarms_then_averages():
+    calls = []
+    fns = [lambda name=name: calls.append(name) for name in "ab"]
+    times = time_interleaved(fns, torch.device("cpu"), repeats=2, warmup=0, block=3)
+    assert calls == list("aaaabbbb") * 2  # each turn: one untimed call, then three timed
+    assert [len(t) for t in times] == [2, 2]
+    with pytest.raises(ValueError, match="block"):
+        time_interleaved(fns, torch.device("cpu"), block=0)

@@ -491,14 +491,17 @@ def test_fused_round_runs_the_rounds(tiny_pair, monkeypatch, temperature):
         else:  # the uniforms come from the generator: the same seed, the same tokens; another seed, others
             assert torch.equal(run(prompt, 40)[0], out)
             assert any(not torch.equal(run(prompt, 40, seed)[0], out) for seed in (1, 2, 3))
-        # fused: every round that proposes gamma tokens from n >= 2 (not a first round at n = 1, not a short last one)
+        # fused: every round from n >= 2 whose gamma proposals fit in the caches (not a first round at n = 1),
+        # the last one too: it proposes gamma tokens and the output keeps those up to max_new_tokens
         starts = _round_starts(len(prompt), stats)
-        fused_rounds = [n for p, n in zip(stats.proposed, starts) if p == gamma and n >= 2]
-        assert first == fused_rounds and len(first) >= stats.rounds - 3, (prompt, stats.proposed)
+        assert fused.room >= len(prompt) + 40 + gamma  # these caches hold a full last round
+        assert first == [n for n in starts if n >= 2], (prompt, stats.proposed)
+        assert stats.proposed == [gamma] * stats.rounds and stats.new_tokens == 40
         n = len(prompt)
         for proposed, k, nxt in stats.trace:  # the accepted proposals and the next token are the output
-            assert out[0, n:n + k + 1].tolist() == proposed[:k] + [nxt]
+            assert out[0, n:n + k + 1].tolist() == (proposed[:k] + [nxt])[:out.shape[1] - n]
             n += k + 1
+        assert n >= out.shape[1]
     assert speculative._fused_rounds(fast_t, fast_d, gamma, sampled=temperature > 0) is fused  # compiled once
     if not sampling.greedy:  # top-k (compiled in, it would be a graph per value) calls the models one at a time
         calls.clear()
@@ -516,6 +519,28 @@ def test_fused_round_runs_the_rounds(tiny_pair, monkeypatch, temperature):
     finally:
         with torch.no_grad():
             target.embed.weight[1] = row
+
+
+@pytest.mark.skipif(not compile_available(), reason="torch.compile needs a C++ compiler on the CPU")
+def test_last_rounds_without_room_call_the_models(tiny_pair, monkeypatch):
+    """Caches sized to prompt + max_new_tokens exactly leave no room for a full round near the end: those
+    rounds propose fewer tokens, one model call at a time, and the tokens are still the target's."""
+    from helpers import speculative
+
+    target, draft = tiny_pair
+    prompt, n_new, gamma = [4, 0, 3], 30, 6  # rounds advance 1-2 tokens here: the last few have no room
+    fast_t = FastGenerator(target, max_seq_len=len(prompt) + n_new)
+    fast_d = FastGenerator(draft, max_seq_len=len(prompt) + n_new)
+    calls = []
+    real_call = speculative._FusedRounds.__call__
+    monkeypatch.setattr(speculative._FusedRounds, "__call__",
+                        lambda self, ids, n, *args: calls.append(n) or real_call(self, ids, n, *args))
+    out, stats = speculative_generate(fast_t, fast_d, prompt, n_new, gamma=gamma)
+    assert torch.equal(out, generate(target, prompt, n_new))
+    starts = _round_starts(len(prompt), stats)
+    room = len(prompt) + n_new + 1  # the draft's cache holds one position less than a round writes there
+    assert calls == [n for n in starts if n + gamma <= room] and len(calls) < stats.rounds
+    assert all(p < gamma or n + gamma <= room for p, n in zip(stats.proposed, starts))
 
 
 def _round_starts(prompt_len: int, stats) -> list[int]:
