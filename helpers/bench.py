@@ -422,10 +422,10 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
     gammas), and for each row the most the measured costs allow: tokens per target call / (v + gamma * c),
     the cost model of chapter 12 with no loop overhead, the same with a verify pass as cheap as one
     step (v = 1); for the rows with each round one graph, that graph's own cost R in target steps, tokens per
-    target call / R, and (gamma + 1) / R,
-    the most any draft of this cost could give even if every proposal were accepted. The draft's generator
-    autotunes its GEMM when `fast` does (so then does each round); `label` is added to the row names, and
-    fused_only keeps the rows with each round one graph."""
+    target call / R, and (gamma + 1) / R, the most any draft of this cost could give even if every proposal
+    were accepted. Costs are timed warm, in blocks of calls. The draft's generator autotunes its GEMM when
+    `fast` does (so then does each round); `label` is added to the row names, and fused_only keeps the rows
+    with each round one graph."""
     from .data import validation_documents
     from .fast_decode import FastGenerator
     from .speculative import (

@@ -345,8 +345,7 @@ class _FusedRounds:
         # than the plain step it is compared with; otherwise the weights stay inputs (library products;
         # a frozen round without the GEMM loaded from the on-disk cache in 8-10 s, not ~2)
         self.freeze = target.gemm_autotune and draft.gemm_autotune
-        # a round at n writes the target's cache at n-1 .. n+gamma-1 and the draft's at n-2 .. n+gamma-2
-        self.room = min(target.cache.max_seq_len, draft.cache.max_seq_len + 1)  # so n + gamma <= room
+        self.room = _round_room(target, draft)  # a round needs n + gamma <= room
         self._fn = torch.compile(self._sampled_round if sampled else self._greedy_round,
                                  **compile_options(target.mode, cpp_wrapper=target.cpp_wrapper, freeze=self.freeze,
                                                    gemm_autotune=self.freeze))
@@ -459,16 +458,22 @@ def _fused_rounds(target: FastGenerator, draft: FastGenerator, gamma: int, sampl
     return rounds[key]
 
 
+def _round_room(target: FastGenerator, draft: FastGenerator) -> int:
+    """A round at n writes the target's cache at n-1 .. n+gamma-1 and the draft's at n-2 .. n+gamma-2, so both
+    fit when n + gamma <= this."""
+    return min(target.cache.max_seq_len, draft.cache.max_seq_len + 1)
+
+
 def fused_round_call(fast_target: FastGenerator, fast_draft: FastGenerator, gamma: int, position: int,
                      sampled: bool = False):
     """A zero-argument function that runs one compiled round (gamma draft steps and the verify pass, one graph:
     _FusedRounds) after `position` committed tokens, for timing it against a single target step; None when
-    the round does not compile. It writes both caches at positions position - 2 .. position + gamma, so
-    time it before a generation (which prefills again), not in the middle of one. Greedy by default; with
-    sampled=True, a temperature-1 round on fixed uniforms."""
+    the round does not compile. It writes both caches (the target's at position - 1 .. position + gamma - 1,
+    the draft's one lower), so time it before a generation (which prefills again), not in the middle of one.
+    Greedy by default; with sampled=True, a temperature-1 round on fixed uniforms."""
     _check_gamma(gamma)
     rounds = _fused_rounds(fast_target, fast_draft, gamma, sampled)
-    limit = min(fast_target.cache.max_seq_len, fast_draft.cache.max_seq_len) - gamma
+    limit = _round_room(fast_target, fast_draft) - gamma
     if not isinstance(position, int) or not 2 <= position <= limit:
         raise ValueError(f"position must be an int in [2, {limit}] for these caches; got {position!r}")
     if rounds is None:

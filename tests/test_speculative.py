@@ -538,7 +538,7 @@ def test_last_rounds_without_room_call_the_models(tiny_pair, monkeypatch):
     out, stats = speculative_generate(fast_t, fast_d, prompt, n_new, gamma=gamma)
     assert torch.equal(out, generate(target, prompt, n_new))
     starts = _round_starts(len(prompt), stats)
-    room = len(prompt) + n_new + 1  # the draft's cache holds one position less than a round writes there
+    room = len(prompt) + n_new  # a round at n writes the target's cache up to position n + gamma - 1
     assert calls == [n for n in starts if n + gamma <= room] and len(calls) < stats.rounds
     assert all(p < gamma or n + gamma <= room for p, n in zip(stats.proposed, starts))
 
