@@ -427,7 +427,7 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
     `fast` does (so then does each round); `label` is added to the row names, and fused_only keeps the rows
     with each round one graph."""
     from .data import validation_documents
-    from .fast_decode import FastGenerator
+    from .fast_decode import FastGenerator, guards_checked_once
     from .speculative import (
         DEFAULT_COMPILED_GAMMA,
         DEFAULT_COMPILED_SAMPLED_GAMMA,
@@ -471,10 +471,9 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
     # each timed warm, in blocks of 5 calls (device.time_interleaved): called one after the other, the step and
     # the verify pass (two copies of the weights) or the draft evict each other's data from the CPU's caches
     # and without dynamo's guard checks, as the plain and speculative loops run after their first step (every
-    # graph here has had them checked): checked, a 1-token step took 1.13-1.27 ms where the plain loop spent
-    # 0.88-0.94 ms a token (autotuned, Zen 5)
+    # graph here has had them checked: fast_decode.guards_checked_once)
     verify_times, warm = {}, dict(repeats=10 * repeats, warmup=5, block=5)
-    with torch.no_grad(), torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+    with torch.no_grad(), guards_checked_once():
         for g in gammas:
             verify_times[g] = interleaved(step(g + 1), step(1), target.device, **warm)
         # and what a draft proposal costs next to a target step: gamma of them per round

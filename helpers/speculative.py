@@ -70,7 +70,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .fast_decode import FastGenerator, compile_options, warm_compiled
+from .fast_decode import FastGenerator, compile_options, guards_checked_once, warm_compiled
 from .generate import as_prompt_tensor, check_generation_length
 from .kv_cache import KVCache
 from .sampling import (
@@ -609,11 +609,9 @@ def speculative_generate(target, draft, prompt, max_new_tokens: int, *, gamma: i
     counts = speculative_token_counts(gamma)
     # no_grad, not inference_mode: the graphs were compiled under no_grad, and another grad mode is a
     # guard failure (a second compile)
-    # after the first round, skip dynamo's guard checks: that round checked them (shapes, dtypes, grad
-    # mode, the weights) for every graph a round uses, nothing in the loop changes them, and where one
-    # function holds several graphs (target and draft, T = 1 and 2) torch still checks the guards that
-    # tell them apart
-    later = (lambda: torch.compiler.set_stance(skip_guard_eval_unsafe=True)) if target.compiled else None
+    # after the first round, skip dynamo's guard checks: that round checked them for every graph a round
+    # uses (fast_decode.guards_checked_once)
+    later = guards_checked_once if target.compiled else None
     fused = _fused_rounds(target, draft, gamma, not sampling.greedy) if fuse_rounds and fuses_rounds(sampling) else None
     with torch.no_grad():
         return _speculative_loop(_StaticSteps(target, counts["target"]), _StaticSteps(draft, counts["draft"]),
