@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import os
 import tempfile
-from pathlib import Path
 
 import pytest
 import torch
 
 import helpers.fast_decode  # noqa: F401 (sets the compile cache folder, below)
 from helpers.model import ModelConfig, Transformer
+from helpers.paths import REPO
 
-REPO = Path(__file__).resolve().parent
 TESTS = REPO / "tests"
 os.environ.setdefault("PYTHONHASHSEED", "0")
 # one thread per process: the suite runs two workers on two cores, and small models gain nothing from

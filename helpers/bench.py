@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from .device import default_device, default_dtype, synchronize, time_interleaved
-from .plotting import FIGURES
+from .paths import figures_dir
 
 
 @dataclass
@@ -198,8 +198,8 @@ def random_model(preset: str, device, dtype):
 def row_decode_bandwidth(model, repeats: int, progress) -> Row:
     """Batch-1 decode on a random-weight model too big for any cache: bytes it must read per token
     (all matmul weights + the KV cache so far) / time per token, against measured copy bandwidth."""
-    from .flops import matmul_parameters
-    from .roofline import measure_copy_bandwidth
+    from .measure.flops import matmul_parameters
+    from .measure.roofline import measure_copy_bandwidth
 
     cfg, device = model.cfg, model.device
     elem = model.embed.weight.element_size()
@@ -270,7 +270,7 @@ def compiled_step_seconds(fast, n_steps: int = 16, context: int = 16, seed: int 
 def decode_byte_ratio(model, qmodel, n_past: int) -> float:
     """Bytes a batch-1 step must read, unquantized / quantized: every matmul weight (codes, scales and
     zeros for the quantized layers; the full-precision head) plus the KV cache so far. Norms are ignored."""
-    from .flops import forward_bytes
+    from .measure.flops import forward_bytes
     from .quantize import weight_bytes_breakdown
 
     elem = model.embed.weight.element_size()
@@ -328,7 +328,7 @@ def rows_quantized_compiled(model, repeats: int, progress) -> list[Row]:
 def quantized_quality(model, tok, n_windows: int = 8) -> str:
     """Validation bits/byte and top-1 agreement of the course model's int8 / int4 / bf16 / fp16 copies."""
     from .data import encode_documents, validation_documents
-    from .evaluate import bits_per_byte
+    from .measure.evaluate import bits_per_byte
     from .quantize import quantize_model
 
     ids = encode_documents(tok, validation_documents())
@@ -596,8 +596,8 @@ def rows_compile_levers(model, tok, n_new: int, repeats: int, fast, progress, tu
 def row_compiled_vs_limit(model, tok, n_new: int, repeats: int, fast, progress, label: str = "compiled step") -> Row:
     """The compiled step against the roofline ceiling for this model on this machine: max(bytes per token /
     measured copy bandwidth, FLOPs per token / measured peak). Ratio = ceiling / measured (1 = at the limit)."""
-    from .flops import forward_bytes, forward_flops
-    from .roofline import measure_copy_bandwidth, measure_matmul_flops, roofline_time
+    from .measure.flops import forward_bytes, forward_flops
+    from .measure.roofline import measure_copy_bandwidth, measure_matmul_flops, roofline_time
 
     cfg, device = model.cfg, model.device
     elem = model.embed.weight.element_size()
@@ -727,7 +727,7 @@ def plot(rows: list[Row], curves: dict | None, device_name: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .plotting import save_figure, use_course_style
+    from .course.plotting import save_figure, use_course_style
 
     use_course_style()
     fig, ax = plt.subplots(figsize=(8, 0.5 * len(rows) + 1.5))
@@ -846,13 +846,14 @@ def main(argv=None):
     print(f"quantization quality, {quality}")
     if llama_note:
         print(llama_note)
-    FIGURES.mkdir(parents=True, exist_ok=True)
+    figures = figures_dir()
+    figures.mkdir(parents=True, exist_ok=True)
     plot(rows, curves, name)
     results = {"device": name, "torch": torch.__version__, "dtype": str(dtype), "quick": quick,
                "compile": compile_note, "quantization_quality": quality,
                "rows": [asdict(r) | {"median": r.median} for r in rows]}
-    (FIGURES / "bench_results.json").write_text(json.dumps(results, indent=1) + "\n")
-    print(f"wrote {FIGURES / 'bench_summary.png'}, bench_cache_latency.png, bench_results.json")
+    (figures / "bench_results.json").write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {figures / 'bench_summary.png'}, bench_cache_latency.png, bench_results.json")
 
 
 if __name__ == "__main__":

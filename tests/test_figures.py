@@ -1,6 +1,6 @@
 """Every committed figure is the very image stored in its notebook's output, byte for byte.
 
-scripts/run_notebooks.py writes outputs and figures in one run, and helpers.plotting.save_figure
+scripts/run_notebooks.py writes outputs and figures in one run, and helpers.course.plotting.save_figure
 displays the PNG file it wrote, so a notebook and figures/ can only disagree when one of them was
 regenerated without the other. Figures made outside the notebooks (the bench's, the browser test's
 screenshot) are left out."""
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from helpers.paths import REPO
+
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 NOT_FROM_NOTEBOOKS = ("bench_",)
 SAVED = re.compile(r"save_figure\([^\n]*?,\s*[\"']([\w.-]+)[\"']")

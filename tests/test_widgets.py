@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("ipywidgets")
 
 from helpers import load_model  # noqa: E402
-from helpers.widgets import PANEL_DPI, PANEL_FIGSIZE, sampling_panel  # noqa: E402
+from helpers.course.widgets import PANEL_DPI, PANEL_FIGSIZE, sampling_panel  # noqa: E402
 
 
 def png_size(data: bytes) -> tuple[int, int]:

@@ -1,0 +1,9 @@
+"""Measurement: counting and timing what the library does, beside the estimate of what it should cost.
+
+    flops.py       parameter, FLOP and byte counts from a config (exact arithmetic, no timing)
+    roofline.py    measured peak FLOP/s and memory bandwidth, the roofline bound of a step
+    profiling.py   one decode step under torch.profiler: op counts, matmul share
+    evaluate.py    bits per byte on held-out text
+
+The bench (python -m helpers.bench) sits above these and times every speed claim as a ratio.
+"""
