@@ -7,7 +7,7 @@ import torch
 
 from ...measure.flops import kv_cache_bytes
 from ...model import ModelConfig
-from . import exercise
+from . import NOT_ATTEMPTED, exercise
 
 _LLAMA = ModelConfig.from_preset("llama3-8b")
 
@@ -27,18 +27,57 @@ def check_1(merged_stats):
     exercise("08.1", merged_stats, right, hint="rescale each part's sum by exp(its max - the overall max)")
 
 
-def check_2(answer):
-    """Tiles computed by causal attention over 2,048 positions in 128 x 128 tiles, and the FLOP fraction."""
-    n = 2048 // 128
-
-    def right(a):
-        tiles, fraction = a
-        assert int(tiles) == tiles, "causal_tiles is a whole number of tiles"
-        return int(tiles) == n * (n + 1) // 2 and math.isclose(float(fraction), n * (n + 1) / 2 / n**2, rel_tol=1e-9)
-    exercise("08.2", answer, right, hint="a triangle of tiles, diagonal included")
+def _window_tiles_reference(T: int, block: int, W: int) -> set[tuple[int, int]]:
+    """Every (query block, key block) holding at least one visible pair i - W < j <= i (brute force)."""
+    visible = torch.ones(T, T, dtype=torch.bool).tril() & ~torch.ones(T, T, dtype=torch.bool).tril(-W)
+    n = math.ceil(T / block)
+    return {(i, j) for i in range(n) for j in range(n)
+            if visible[i * block:(i + 1) * block, j * block:(j + 1) * block].any()}
 
 
-def check_3(answer):
+def check_2(window_tiles):
+    """window_tiles(T, block, W): the tiles a sliding-window causal kernel must compute."""
+    cases = [(256, 32, 64), (256, 32, 256), (200, 64, 50), (96, 16, 1), (100, 32, 33)]
+
+    def right(fn):
+        assert callable(fn), "window_tiles is a function of (T, block, W)"
+        for T, block, W in cases:
+            got = {tuple(int(x) for x in pair) for pair in fn(T, block, W)}
+            want = _window_tiles_reference(T, block, W)
+            assert got == want, (f"window_tiles({T}, {block}, {W}) gives {len(got)} tiles, {len(want)} are needed"
+                                 + (" (some you list hold no visible key)" if got - want else "")
+                                 + (" (some you leave out hold visible keys)" if want - got else ""))
+        return True
+    exercise("08.2", window_tiles, right,
+             hint="compare key block j's positions with the keys block i's queries can see, from its "
+                  "first query - W + 1 to its last query")
+    if window_tiles is not NOT_ATTEMPTED:
+        n_window = len(_window_tiles_reference(4096, 128, 512))
+        n_causal = len(_window_tiles_reference(4096, 128, 4096))
+        print(f"  notice: at T = 4,096 with 128 x 128 tiles, a 512-token window computes {n_window} tiles against "
+              f"{n_causal} causal: the work grows with T x W, not T^2")
+
+
+def check_3(predicted_kib, measure):
+    """A prediction of tiled_attention's peak live bytes (T = 1,024, D = 64, 64 x 64 tiles); `measure()` returns
+    the measured peak in bytes (called only once a prediction is given)."""
+    if predicted_kib is NOT_ATTEMPTED:
+        return exercise("08.3", predicted_kib, bool)
+    measured_kib = measure() / 1024
+
+    def right(p):
+        p = float(p)
+        assert p > 0, "a peak memory in KiB is a positive number"
+        assert abs(p / measured_kib - 1) <= 0.2, (f"you predicted {p:,.0f} KiB; the measured peak is "
+                                                 f"{measured_kib:,.0f} KiB ({measured_kib / p:.2f} x yours)")
+        return True
+    exercise("08.3", predicted_kib, right, hint="the output (T x D floats), three 64 x 64 tiles and the accumulator")
+    output_kib = 1024 * 64 * 4 / 1024
+    print(f"  measured {measured_kib:,.0f} KiB against your {float(predicted_kib):,.0f} KiB; notice: the output "
+          f"alone is {output_kib:,.0f} KiB, so once T is large, smaller tiles barely lower the peak")
+
+
+def check_4(answer):
     """Llama-3-8B int8 KV bytes per token (bf16 scale per token and KV head) and tokens in 16 GiB."""
     per_token = 2 * _LLAMA.n_layers * _LLAMA.n_kv_heads * (_LLAMA.head_dim * 1 + 2)
 
@@ -46,13 +85,13 @@ def check_3(answer):
         nbytes, tokens = a
         assert nbytes != kv_cache_bytes(_LLAMA, 1, dtype=torch.bfloat16), "that is the bf16 cache; codes are 1 byte"
         return nbytes == per_token and tokens == 16 * 2**30 // per_token
-    exercise("08.3", answer, right, hint="K and V, every layer and KV head: head_dim codes plus one scale")
+    exercise("08.4", answer, right, hint="K and V, every layer and KV head: head_dim codes plus one scale")
 
 
-def check_4(chunk):
+def check_5(chunk):
     """Largest power-of-two chunk giving >= 4 blocks per SM of a 132-SM GPU for 32 heads and 32,768 tokens."""
     def right(c):
         blocks = lambda size: _LLAMA.n_heads * math.ceil(32768 / size)
         assert isinstance(c, int) and c > 0 and c & (c - 1) == 0, "chunk is a power of two (a token count)"
         return blocks(c) >= 4 * 132 and blocks(2 * c) < 4 * 132
-    exercise("08.4", chunk, right, hint="blocks = heads x number of chunks")
+    exercise("08.5", chunk, right, hint="blocks = heads x number of chunks")
