@@ -30,7 +30,11 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
 def clean(nb) -> None:
+    from helpers.course.widgets import PANEL_TEXT, saved_notebook_state
+
     nb.metadata.pop("widgets", None)
+    if any(out.get("data", {}).get("text/plain") == PANEL_TEXT for cell in nb.cells for out in cell.get("outputs", [])):
+        nb.metadata["widgets"] = saved_notebook_state()  # what a reopened notebook shows where the live panel was
     # what JupyterLab writes on save (language_info comes from the kernel that just ran the notebook)
     nb.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
     for cell in nb.cells:

@@ -4,8 +4,11 @@ Starts JupyterLab on 127.0.0.1 (free port, random token, every Jupyter/IPython d
 on a temp copy of notebooks/09_sampling.ipynb, opens it in Debian's chromium through playwright (the
 browser playwright would download is never used), runs all cells from the Run menu, moves the
 temperature and top-p sliders of the live panel, and checks that the distribution (the chart and its
-summary line) and the sampled text change, and that the panel keeps its height (one chart image
-updated in place), all with JupyterLab's default notebook windowing. Saves a screenshot of the panel as
+summary line) and the sampled text change, that the panel keeps its height (one chart image updated in
+place) and that its status line reads "computing..." while a redraw runs, all with JupyterLab's default
+notebook windowing. Then it saves the notebook the way a learner does, shuts its kernel down and opens it
+again: where the panel was, the saved stand-in line must show, not "Error displaying widget: model not
+found". Saves a screenshot of the panel as
 09_browser_sampling.png where the figures go (LLM_COURSE_FIGURES: a temp folder in the test suite, so the
 test leaves the git tree clean). Every request that is not to 127.0.0.1 is blocked.
 """
@@ -27,6 +30,7 @@ from urllib.parse import urlparse
 
 import pytest
 
+from helpers.course.widgets import PANEL_MODEL_ID, PANEL_TEXT
 from helpers.paths import REPO, figures_dir
 
 NOTEBOOK = REPO / "notebooks" / "09_sampling.ipynb"
@@ -74,7 +78,8 @@ def write_settings(root: Path) -> dict:
 
 @pytest.fixture
 def jupyterlab(tmp_path):
-    """A JupyterLab server on a copy of the notebook; yields (base_url, token); stops only this server."""
+    """A JupyterLab server on a copy of the notebook; yields (base_url, token, the copy's path); stops only this
+    server."""
     work = tmp_path / "notebooks"
     work.mkdir()
     shutil.copy(NOTEBOOK, work / NOTEBOOK.name)  # JupyterLab autosaves into what it opens
@@ -103,7 +108,7 @@ def jupyterlab(tmp_path):
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.3)
-        yield base, token
+        yield base, token, work / NOTEBOOK.name
     finally:
         try:
             api(base, token, "/api/shutdown", method="POST")  # also shuts down its kernels
@@ -179,7 +184,7 @@ def scroll_to(page, locator, steps: int = 200):
 
 def panel_state(panel) -> tuple[str, str]:
     """(the panel's summary text, the src of its one chart image)."""
-    return panel.locator(".widget-html").inner_text(), panel.locator("img").first.get_attribute("src")
+    return panel.locator(".sampling-panel-summary").inner_text(), panel.locator("img").first.get_attribute("src")
 
 
 def panel_height(panel) -> float:
@@ -188,22 +193,52 @@ def panel_height(panel) -> float:
 
 def move_slider(page, panel, index: int, key: str, presses: int, expect: str, before: tuple[str, str], height: float):
     """Press a slider's key; wait for the summary to name the new setting; check the panel kept its height
-    at every poll on the way (the chart is updated in place, never cleared and redrawn)."""
+    at every poll on the way (the chart is updated in place, never cleared and redrawn) and that the status
+    line said "computing..." at some poll before the new setting showed (each press is one redraw).
+    Returns the new (summary, chart) state."""
     handle = panel.locator(".noUi-handle[role='slider']").nth(index)
     handle.focus()
     for _ in range(presses):
         handle.press(key)
+    busy_seen = False
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # the summary line names the new setting once the redraw is done
         assert panel.locator("img").count() == 1
         assert abs(panel_height(panel) - height) < 1, (panel_height(panel), height)
-        text = panel.locator(".widget-html").inner_text()
+        busy_seen = busy_seen or "computing..." in panel.locator(".sampling-panel-status").inner_text()
+        text = panel.locator(".sampling-panel-summary").inner_text()
         if expect in text:
             state = panel_state(panel)
             if state != before:
+                assert busy_seen, "the status line never said computing... while the panel redrew"
                 return state
-        page.wait_for_timeout(200)
+        page.wait_for_timeout(100)
     raise TimeoutError(f"the panel never showed {expect!r}; it shows {panel.inner_text()[:300]!r}")
+
+
+def save_and_reopen(context, page, base, token, saved: Path):
+    """Save from the page (File > Save Notebook), shut the kernel down, and open the notebook in a new page.
+    Returns the new page once its fresh kernel is idle."""
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^File$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Save Notebook$")).click()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # the saved file holds the live panel's view, under its model id
+        outputs = [out for cell in json.loads(saved.read_text())["cells"] for out in cell.get("outputs", [])]
+        views = [out["data"]["application/vnd.jupyter.widget-view+json"] for out in outputs
+                 if "application/vnd.jupyter.widget-view+json" in out.get("data", {})]
+        if any(view.get("model_id") == PANEL_MODEL_ID for view in views):
+            break
+        page.wait_for_timeout(500)
+    else:
+        raise TimeoutError("the saved notebook never held the live panel's view")
+    for session in api(base, token, "/api/sessions"):
+        api(base, token, f"/api/sessions/{session['id']}", method="DELETE")  # shuts its kernel down
+    page.close()
+    reopened = context.new_page()
+    reopened.goto(f"{base}/lab/tree/{NOTEBOOK.name}?token={token}")
+    reopened.locator(".jp-Notebook .jp-CodeCell").first.wait_for(timeout=120_000)
+    wait_for_idle_kernel(reopened, base, token)
+    return reopened
 
 
 def kept_line(text: str) -> str:
@@ -218,7 +253,7 @@ def test_sampling_panel_in_jupyterlab(jupyterlab):
     chromium = chromium_or_skip()
     from playwright.sync_api import sync_playwright
 
-    base, token = jupyterlab
+    base, token, saved = jupyterlab
     blocked = []
 
     def only_localhost(route):
@@ -261,5 +296,14 @@ def test_sampling_panel_in_jupyterlab(jupyterlab):
             assert continuation(cut[0]) != continuation(start[0])  # and a different text was sampled
             SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
             panel.screenshot(path=str(SCREENSHOT))
+
+            # the learner saves, closes, and comes back later: a fresh kernel, no live panel
+            page = save_and_reopen(context, page, base, token, saved)
+            stand_in = page.locator(".jp-OutputArea-output", has_text=PANEL_TEXT)
+            scroll_to(page, stand_in)
+            stand_in.first.wait_for(timeout=60_000)
+            panel_cell = page.locator(".jp-CodeCell", has=stand_in)
+            assert panel_cell.count() == 1 and "sampling_panel(" in panel_cell.inner_text()
+            assert "Error displaying widget" not in panel_cell.inner_text()
         finally:
             browser.close()

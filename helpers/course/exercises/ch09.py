@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from . import exercise
+from . import NOT_ATTEMPTED, exercise
 
 SIX_LOGITS = (0.3, 0.8, 1.2, 0.5, 0.4, -0.1)  # the chapter's six-token example
 
@@ -12,18 +12,30 @@ def _logits():
     return torch.tensor(SIX_LOGITS, dtype=torch.float64)
 
 
-def check_1(answer):
-    """The six-token example at T = 1 after top-k with k = 2: a length-6 tensor of probabilities."""
+def check_1(top_k_probs):
+    """top_k_probs(logits, k): the probabilities after top-k and renormalising, on the six tokens and random logits."""
     from ...sampling import top_k_filter
 
-    want = top_k_filter(_logits(), 2).softmax(-1)
+    gen = torch.Generator().manual_seed(9)
+    cases = [(_logits(), 2), (_logits(), 6), (torch.tensor([2.0, 1.0, 1.0, 0.0], dtype=torch.float64), 2)]
+    cases += [(torch.randn(50, generator=gen, dtype=torch.float64), k) for k in (1, 5, 20)]
 
-    def is_right(a):
-        a = torch.as_tensor(a, dtype=torch.float64)
-        assert a.shape == (6,), f"a length-6 tensor, one probability per token; got shape {tuple(a.shape)}"
-        return torch.allclose(a, want, atol=1e-6)
+    def is_right(fn):
+        assert callable(fn), "top_k_probs is a function of (logits, k)"
+        for logits, k in cases:
+            got = torch.as_tensor(fn(logits.clone(), k), dtype=torch.float64)
+            assert got.shape == logits.shape, (f"one probability per token: shape {tuple(logits.shape)}, "
+                                               f"got {tuple(got.shape)}")
+            want = top_k_filter(logits, k).softmax(-1)
+            assert torch.allclose(got, want, atol=1e-6), (
+                f"k={k} on {len(logits)} logits: keeps {int((got > 0).sum())} tokens with sum {got.sum().item():.3f}; "
+                f"should keep {int((want > 0).sum())} summing to 1" + (" (ties with the k-th are kept)" if k == 2
+                                                                       and len(logits) == 4 else ""))
+        return True
 
-    exercise("09.1", answer, is_right, hint="keep the two largest, then divide by their sum")
+    exercise("09.1", top_k_probs, is_right, hint="the k-th largest value is a threshold; then softmax what is left")
+    if top_k_probs is not NOT_ATTEMPTED:
+        print("  notice: top-k keeps the same number of tokens whatever the model's confidence; top-p and min-p adapt")
 
 
 def check_2(answer):
@@ -42,3 +54,22 @@ def check_3(answer):
         return abs(float(lo) - low) < 1e-4 and abs(float(hi) - high) < 1e-4
 
     exercise("09.3", answer, is_right, hint="compare the 5th and 6th probabilities with the largest")
+
+
+def check_4(predicted, measure):
+    """A prediction of the top-p 0.9 nucleus size after the chapter's prompt at T = 1.2; `measure()` computes it
+    (called only once a prediction is given)."""
+    if predicted is NOT_ATTEMPTED:
+        return exercise("09.4", predicted, bool)
+    size = measure()
+
+    def is_right(p):
+        p = float(p)
+        assert p >= 1, "a nucleus holds at least one token"
+        assert size / 2 <= p <= size * 2, (f"you predicted {p:.0f} tokens; the nucleus holds {size} "
+                                           f"({size / p:.1f} x yours)")
+        return True
+
+    exercise("09.4", predicted, is_right, hint="count the tokens of softmax(logits / 1.2) needed to reach 0.9")
+    print(f"  the nucleus holds {size} tokens against your {float(predicted):.0f}; notice: it grows far faster than T: "
+          "heating flattens the long tail, so many more small tokens are needed to reach 0.9")
