@@ -21,6 +21,8 @@ torch.set_num_threads(1)
 # figures the notebooks save during the tests go to a temp folder, not over the committed ones
 # (notebook kernels and the browser test's JupyterLab inherit this)
 os.environ.setdefault("LLM_COURSE_FIGURES", tempfile.mkdtemp(prefix="course-figures-"))
+# every figure a notebook saves is checked for overlapping or escaping labels (course/figure_check.py)
+os.environ.setdefault("LLM_COURSE_CHECK_FIGURES", "1")
 # torch.compile's cache: importing helpers.fast_decode (above) pointed TORCHINDUCTOR_CACHE_DIR, unless set, at
 # .cache/inductor/<instruction set> instead of the system temp folder (inductor_cache_dir says why per set)
 

@@ -54,7 +54,8 @@ def run(path: Path, timeout: int = 900) -> float:
     nb = nbformat.read(path, as_version=4)
     env_overrides = {"PYTHONHASHSEED": "0", "CUDA_VISIBLE_DEVICES": "", "LLM_COURSE_DEVICE": "cpu",
                      "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir(),
-                     "LLM_COURSE_FIGURES": str(COMMITTED_FIGURES)}  # the committed figures, whatever the caller set
+                     "LLM_COURSE_FIGURES": str(COMMITTED_FIGURES),  # the committed figures, whatever the caller set
+                     "LLM_COURSE_CHECK_FIGURES": "1"}  # refuse a figure whose labels collide (course/figure_check.py)
     old = {k: os.environ.get(k) for k in env_overrides}
     os.environ.update(env_overrides)
     try:

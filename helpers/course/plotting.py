@@ -13,9 +13,12 @@ Out of scope: interactive plots (see widgets.py).
 """
 from __future__ import annotations
 
+import os
+
 import matplotlib
 
 from ..paths import figures_dir
+from .figure_check import check_figure_text
 
 
 def use_course_style() -> None:
@@ -32,8 +35,13 @@ def save_figure(fig, name: str, show: bool = True) -> None:
     """Save `fig` as figures/<name>.png (deterministic bytes) and, in a notebook, display that very file.
 
     Displaying the saved PNG rather than re-rendering the figure makes the image stored in the
-    notebook byte-identical to the one in figures/ (tests/test_figures.py checks it)."""
+    notebook byte-identical to the one in figures/ (tests/test_figures.py checks it). Under the test suite
+    and scripts/run_notebooks.py (LLM_COURSE_CHECK_FIGURES set) a figure whose labels overlap or leave
+    their axes is refused with FigureTextError (figure_check.py)."""
     import matplotlib.pyplot as plt
+
+    if os.environ.get("LLM_COURSE_CHECK_FIGURES"):
+        check_figure_text(fig, name)
 
     folder = figures_dir()  # .cache/figures/, or LLM_COURSE_FIGURES (paths.figures_dir says why)
     folder.mkdir(parents=True, exist_ok=True)
