@@ -78,3 +78,21 @@ def test_figure_check_finds_overlapping_and_escaping_labels():
     with pytest.raises(FigureTextError, match="figure 'crowded'"):
         check_figure_text(fig, "crowded")
     plt.close(fig)
+
+
+def test_figure_check_counts_a_suptitle_once_and_only_drawn_tick_labels():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from helpers.course.figure_check import text_problems
+
+    fig, axes = plt.subplots(2, 2, sharey="col")
+    for ax in axes.flat:
+        ax.plot([0.2, 0.4, 0.6], [0.1, 0.5, 0.9])
+        ax.set_ylim(-0.03, 1.03)  # the locator also places ticks at -0.25 and 1.25, which are not drawn
+    fig.suptitle("one title over all four")
+    fig.tight_layout()
+    assert text_problems(fig) == []
+    plt.close(fig)

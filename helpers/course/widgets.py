@@ -135,7 +135,7 @@ def plot_view(view: SamplingView, tok, n_bars: int = 24):
            color=["C0" if i in kept else "lightgray" for i in order], label="kept (before renormalising)")
     ax.scatter([j for j, i in enumerate(order) if i in kept], [view.final_probs[i].item() for i in order if i in kept],
                marker="_", s=160, color="C3", zorder=3, label="sampled from (renormalised)")
-    ax.set_xticks(range(len(order)), labels, rotation=60, ha="right", fontsize=8)
+    ax.set_xticks(range(len(order)), labels, rotation=90, fontsize=9)
     s = view.settings
     if s.greedy:
         title = "T=0 (greedy): the most likely token, always; bars at T=1"

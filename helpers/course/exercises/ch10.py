@@ -6,9 +6,9 @@ import itertools
 import json
 
 from ...regex_automaton import compile_regex
-from . import exercise
+from . import NOT_ATTEMPTED, exercise
 
-__all__ = ["check_1", "check_2", "check_3"]
+__all__ = ["check_1", "check_2", "check_3", "check_4"]
 
 # exercise 1: finished hypotheses as (summed log-probability, generated length)
 HYPOTHESES = {"A": (-3.0, 3), "B": (-4.4, 5), "C": (-8.1, 9)}
@@ -64,3 +64,21 @@ def check_3(answer):
         return True
 
     return exercise("10.3", answer, is_right, hint="a group for one boolean, then (, boolean) repeated 0 to 2 times")
+
+
+def check_4(predicted, measure):
+    """A prediction of the share of "a" among masked samples of `a|bbbb` when "a" 0.3, "b" 0.1, end 0.6 at every
+    step; `measure()` samples it (called only once a prediction is given)."""
+    if predicted is NOT_ATTEMPTED:
+        return exercise("10.4", predicted, bool)
+    share = measure()
+
+    def is_right(p):
+        p = float(p)
+        assert 0 <= p <= 1, "a share is a fraction between 0 and 1"
+        assert abs(p - share) <= 0.05, f"you predicted {p:.3f}; masked sampling gave 'a' {share:.3f} of the time"
+        return True
+
+    exercise("10.4", predicted, is_right, hint="masked sampling decides at the first step, between the allowed tokens")
+    print(f"  measured {share:.3f} against your {float(predicted):.3f}; notice: the first token decides, renormalised "
+          "over 'a' and 'b' alone (0.3 / 0.4); how unlikely the forced 'bbb' after it is never enters")
