@@ -72,7 +72,7 @@ cache; only the products' timings and the C++ kernels are cached), and what it b
 on a 2-core Intel Xeon VM (AVX-512, one thread) the course model's step was 1.01x (1.01 against 1.02 ms,
 interleaved, 25 s to lower it cold), and on an Intel Sapphire Rapids VM prepacking without the template
 made the step 0.87x.
-Speculative rounds on two such generators are frozen and autotuned too (speculative._FusedRounds).
+Speculative rounds on two such generators are frozen and autotuned too (speculative.FusedRounds).
 
 `forward(tokens, input_pos)` runs T > 1 tokens through the same static path (speculative decoding's
 verify pass and its draft's catch-up step, speculative.py): compiled for each T named in
@@ -95,8 +95,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .device import synchronize
-from .generate import _setup
 from .generate import generate as generate_loop
+from .generate import prepare_generation
 from .kv_cache import KVCache
 from .model import Attention
 from .paths import INDUCTOR_CACHE
@@ -341,7 +341,7 @@ class FastGenerator:
         self._forwards: dict[int, object] = {}  # T > 1 -> its compiled static forward (warmup(token_counts=...))
         self.compile_seconds_by_tokens: dict[int, float] = {}  # T -> seconds its warm-up took
 
-    def _compile_key(self, tokens: int = 1) -> str:
+    def compile_key(self, tokens: int = 1) -> str:
         """What decides the generated code: model shapes, buffer size, batch, dtype, device, options, torch,
         and the number of tokens per call (T = 1, the step, keeps the key it always had)."""
         m = self.model
@@ -357,7 +357,7 @@ class FastGenerator:
     @property
     def cold_compile_seconds(self) -> float | None:
         """Seconds the cold compile of this very step took (on this machine, whenever it filled the cache)."""
-        return _read_cold_compiles().get(self._compile_key())
+        return _read_cold_compiles().get(self.compile_key())
 
     @property
     def compiled_token_counts(self) -> tuple[int, ...]:
@@ -366,7 +366,7 @@ class FastGenerator:
 
     def cold_compile_seconds_for(self, tokens: int) -> float | None:
         """The same for the static forward of `tokens` tokens per call (1: the step)."""
-        return _read_cold_compiles().get(self._compile_key(tokens))
+        return _read_cold_compiles().get(self.compile_key(tokens))
 
     @torch.no_grad()
     def step(self, token: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
@@ -425,7 +425,7 @@ class FastGenerator:
         self.compile_seconds += seconds
         self.compile_seconds_by_tokens[tokens] = seconds
         if error is None and cold:  # a cold compile: remember how long it took
-            _remember_cold_compile(self._compile_key(tokens), seconds)
+            _remember_cold_compile(self.compile_key(tokens), seconds)
         return error
 
     @torch.no_grad()  # the same grad mode as the decode loop, or its first call would compile a second graph
@@ -468,7 +468,7 @@ class FastGenerator:
         """helpers.generate's loop (its stop conditions, logits processors and sampling; penalties excepted)
         on this generator's cache, with the compiled step as its step: (B, T + n_new) token ids. The
         prompt's prefill runs eagerly (its shape depends on the prompt)."""
-        prompt, sampling = _setup(self.model, prompt, max_new_tokens, sampling, temperature, generator)
+        prompt, sampling = prepare_generation(self.model, prompt, max_new_tokens, sampling, temperature, generator)
         if sampling.repetition_penalty != 1.0 or sampling.presence_penalty or sampling.frequency_penalty:
             raise ValueError("FastGenerator does not apply penalties; use helpers.generate for those")
         B, T = prompt.shape

@@ -309,7 +309,7 @@ def test_autotuned_gemm_step_gives_the_tokens_and_logits_of_the_library_step(mod
     assert not FastGenerator(model, compile=False).gemm_autotune  # opt-in
     tuned = FastGenerator(model, max_seq_len=48, gemm_autotune=True)
     assert tuned.warmup() > 0 and tuned.compiled and tuned.freeze
-    assert tuned._compile_key() != FastGenerator(model, max_seq_len=48)._compile_key()
+    assert tuned.compile_key() != FastGenerator(model, max_seq_len=48).compile_key()
     for prompt in ([3, 1, 4, 1, 5], [9]):
         assert torch.equal(tuned.generate(prompt, 40), generate(model, prompt, 40))
     with torch.no_grad():
