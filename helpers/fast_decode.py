@@ -325,7 +325,8 @@ class FastGenerator:
         step = self._eager_step
         if compile and not compile_available():
             self.compile_source = "not compiled: no C++ compiler found, the static step runs eagerly"
-            warnings.warn("torch.compile needs a C++ compiler on a CPU and none was found; decoding eagerly")
+            warnings.warn("torch.compile needs a C++ compiler on a CPU and none was found; decoding eagerly",
+                          stacklevel=2)
         if compile and compile_available():
             if mode is None and model.device.type == "cuda":
                 mode = "reduce-overhead"  # CUDA graphs: replay the whole step with one launch
@@ -442,7 +443,8 @@ class FastGenerator:
                 cold = _inductor_cache_counts()[1] > misses
                 self.compile_source = "compiled cold" if cold else "compiled from the on-disk cache"
             else:
-                warnings.warn(f"torch.compile failed ({type(error).__name__}: {str(error)[:200]}); decoding eagerly")
+                warnings.warn(f"torch.compile failed ({type(error).__name__}: {str(error)[:200]}); decoding eagerly",
+                              stacklevel=2)
                 self._step = self._eager_step
                 self._want_compile = False
                 self.compile_source = f"not compiled: torch.compile failed ({type(error).__name__}), running eagerly"
@@ -457,7 +459,7 @@ class FastGenerator:
                 self._forwards[T] = fn
             else:
                 warnings.warn(f"torch.compile failed for {T} tokens per call ({type(error).__name__}: "
-                              f"{str(error)[:200]}); that forward runs eagerly")
+                              f"{str(error)[:200]}); that forward runs eagerly", stacklevel=2)
         return self.compile_seconds
 
     @torch.no_grad()

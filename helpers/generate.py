@@ -183,7 +183,7 @@ def generate_without_cache(model, prompt, max_new_tokens: int, *, temperature: f
     penalised = sampling.repetition_penalty != 1.0 or sampling.presence_penalty or sampling.frequency_penalty
     seq = prompt
     bar = _progress(max_new_tokens, progress)
-    for n in range(1, max_new_tokens + 1):
+    for _ in range(max_new_tokens):
         logits = model(seq, last_only=True, check=False)[:, -1, :]  # recompute every position: (B, V)
         tok = next_token(logits, sampling, generator, seq if penalised else None)
         seq = torch.cat([seq, tok], dim=1)

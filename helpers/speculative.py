@@ -452,7 +452,7 @@ def fused_rounds(target: FastGenerator, draft: FastGenerator, gamma: int, sample
         if error is not None:
             kind = "sampled" if sampled else "greedy"
             warnings.warn(f"torch.compile failed for the fused {kind} round ({type(error).__name__}: "
-                          f"{str(error)[:200]}); {kind} rounds call the models one at a time")
+                          f"{str(error)[:200]}); {kind} rounds call the models one at a time", stacklevel=2)
             fused = None
         rounds[key] = fused
     return rounds[key]

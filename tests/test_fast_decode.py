@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+from functools import partial
 
 import pytest
 import torch
@@ -231,7 +232,8 @@ def test_compiled_cpu_step_attends_without_torchs_attention_kernel(model):
         # the generated Python caller: the C++ one (the CPU default) calls the kernels past the profiler
         fast = FastGenerator(model, max_seq_len=64, static_attention=attention, cpp_wrapper=False)
         assert torch.equal(fast.generate(prompt, 40), ref) and fast.compiled
-        ops[attention] = set(profile_step(lambda: fast.step(torch.tensor([[3]]), torch.tensor([50])), steps=2).ops)
+        step = partial(fast.step, torch.tensor([[3]]), torch.tensor([50]))
+        ops[attention] = set(profile_step(step, steps=2).ops)
     assert FastGenerator(model, compile=False).static_attention == "sums"  # the default on a CPU
     assert not any("scaled_dot_product" in name for name in ops["sums"])  # fused into inductor's loop
     assert any("scaled_dot_product" in name for name in ops["sdpa"])

@@ -438,7 +438,7 @@ def test_static_eager_speculative_equals_target_greedy(tiny_pair):
 
 @pytest.mark.skipif(not compile_available(), reason="torch.compile needs a C++ compiler on the CPU")
 def test_compiled_speculative_equals_target_greedy(tiny_pair):
-    target, draft = tiny_pair
+    target, _ = tiny_pair
     fast_t, fast_d = _fast_pair(tiny_pair, compile=True)
     gamma = 3
     seconds = warmup_speculative(fast_t, fast_d, gamma)

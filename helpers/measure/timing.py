@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from functools import partial
 from typing import Any, Callable
 
 import torch
@@ -117,7 +118,7 @@ def step_seconds(step: Callable[[Any], Any], x, n_steps: int, device, advance=gr
     _check_counts(n_steps, warmup)
     times = []
     for i in range(warmup + n_steps):
-        seconds, out = timed(lambda: step(x), device)
+        seconds, out = timed(partial(step, x), device)
         if i >= warmup:
             times.append(seconds)
         x = advance(x, out)
