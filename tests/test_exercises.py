@@ -48,6 +48,19 @@ def test_answer_read_by_name_from_the_notebook(monkeypatch, capsys):
         exercise("0.3", FROM_NOTEBOOK, lambda a: True)
 
 
+def test_a_stub_function_is_not_attempted_yet(monkeypatch, capsys):
+    def per_client_itl(C, X):
+        return ...
+
+    monkeypatch.setattr(sys.modules["__main__"], "per_client_itl", per_client_itl, raising=False)
+    from helpers.course.exercises import ch14
+
+    ch14.check_3()
+    assert "not attempted yet" in capsys.readouterr().out
+    with pytest.raises(ExerciseNotRight):
+        ch14.check_3(lambda C, X: X / C)
+
+
 def test_in_a_notebook_a_wrong_answer_is_one_line_and_still_an_error():
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_code_cell("from helpers.course.exercises import ch13\nblocks_held = 5"),

@@ -59,11 +59,13 @@ def notebook_answer(name: str | tuple[str, ...], namespace: dict | None = None):
 
 
 def exercise(label: str, answer: Any, is_right: Callable[[Any], Any], hint: str = "",
-             name: str | tuple[str, ...] = "") -> None:
+             name: str | tuple[str, ...] = "", stub: Callable[[Any], bool] | None = None) -> None:
     """Check one answer. `is_right(answer)` returns a truthy value for a right answer (it may also raise
     AssertionError with its own message). answer=FROM_NOTEBOOK reads it from the notebook variable(s) `name`.
-    Prints one line when right, not attempted or not run yet (and returns None, so a check cell shows only
-    that line); a wrong answer raises ExerciseNotRight with `hint`."""
+    stub(answer): True while the answer is still the exercise cell's placeholder in another form than `...`
+    (a function whose body is still `return ...`). Prints one line when right, not attempted or not run yet
+    (and returns None, so a check cell shows only that line); a wrong answer raises ExerciseNotRight with
+    `hint`."""
     if answer is FROM_NOTEBOOK:
         if not name:
             raise ValueError(f"exercise {label}: no answer given and no name to read it from")
@@ -71,7 +73,8 @@ def exercise(label: str, answer: Any, is_right: Callable[[Any], Any], hint: str 
         if missing:
             print(f"Exercise {label}: run the answer cell above first (it defines {', '.join(missing)})")
             return None
-    if answer is NOT_ATTEMPTED or (isinstance(answer, tuple) and any(a is NOT_ATTEMPTED for a in answer)):
+    if (answer is NOT_ATTEMPTED or (isinstance(answer, tuple) and any(a is NOT_ATTEMPTED for a in answer))
+            or (stub is not None and stub(answer))):
         print(f"Exercise {label}: not attempted yet (replace the ... in the cell above, then re-run this check)")
         return None
     try:

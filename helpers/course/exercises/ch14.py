@@ -31,10 +31,11 @@ def check_2(answer=FROM_NOTEBOOK):
 
 
 def check_3(answer=FROM_NOTEBOOK):
-    if callable(answer) and answer(1, 1.0) is ...:  # the function's body is still `return ...`
-        answer = ...
+    def stub(f):  # the exercise cell's function, its body still `return ...`
+        return callable(f) and f(1, 1.0) is ...
 
     def right(f):
         assert callable(f), "a function of C and X"
         return all(math.isclose(f(c, x), c / x, rel_tol=1e-9) for c, x in [(1, 250.0), (16, 900.0), (32, 1200.0)])
-    return exercise("14.3", answer, right, hint="C tokens are in flight; X leave per second", name="per_client_itl")
+    return exercise("14.3", answer, right, hint="C tokens are in flight; X leave per second", name="per_client_itl",
+                    stub=stub)
