@@ -7,7 +7,7 @@ import torch
 
 from ...measure.flops import kv_cache_bytes
 from ...model import ModelConfig
-from . import NOT_ATTEMPTED, exercise
+from . import FROM_NOTEBOOK, exercise
 
 _LLAMA = ModelConfig.from_preset("llama3-8b")
 
@@ -17,14 +17,15 @@ def _summary(xs):
     return m, sum(math.exp(x - m) for x in xs)
 
 
-def check_1(merged_stats):
+def check_1(merged_stats=FROM_NOTEBOOK):
     """The merged (m, l) of [3, 9] and [8, 10, 1]."""
     def right(answer):
         m, l = answer
         m_ref, l_ref = _summary([3.0, 9.0, 8.0, 10.0, 1.0])
         assert float(m) == m_ref, "m is the largest logit of both parts"
         return math.isclose(float(l), l_ref, rel_tol=1e-9)
-    exercise("08.1", merged_stats, right, hint="rescale each part's sum by exp(its max - the overall max)")
+    exercise("08.1", merged_stats, right, hint="rescale each part's sum by exp(its max - the overall max)",
+             name="merged_stats")
 
 
 def _window_tiles_reference(T: int, block: int, W: int) -> set[tuple[int, int]]:
@@ -35,9 +36,10 @@ def _window_tiles_reference(T: int, block: int, W: int) -> set[tuple[int, int]]:
             if visible[i * block:(i + 1) * block, j * block:(j + 1) * block].any()}
 
 
-def check_2(window_tiles):
+def check_2(window_tiles=FROM_NOTEBOOK):
     """window_tiles(T, block, W): the tiles a sliding-window causal kernel must compute."""
     cases = [(256, 32, 64), (256, 32, 256), (200, 64, 50), (96, 16, 1), (100, 32, 33)]
+    checked = []
 
     def right(fn):
         assert callable(fn), "window_tiles is a function of (T, block, W)"
@@ -47,37 +49,38 @@ def check_2(window_tiles):
             assert got == want, (f"window_tiles({T}, {block}, {W}) gives {len(got)} tiles, {len(want)} are needed"
                                  + (" (some you list hold no visible key)" if got - want else "")
                                  + (" (some you leave out hold visible keys)" if want - got else ""))
+        checked.append(True)
         return True
-    exercise("08.2", window_tiles, right,
+    exercise("08.2", window_tiles, right, name="window_tiles",
              hint="compare key block j's positions with the keys block i's queries can see, from its "
                   "first query - W + 1 to its last query")
-    if window_tiles is not NOT_ATTEMPTED:
+    if checked:
         n_window = len(_window_tiles_reference(4096, 128, 512))
         n_causal = len(_window_tiles_reference(4096, 128, 4096))
         print(f"  notice: at T = 4,096 with 128 x 128 tiles, a 512-token window computes {n_window} tiles against "
               f"{n_causal} causal: the work grows with T x W, not T^2")
 
 
-def check_3(predicted_kib, measure):
+def check_3(predicted_kib=FROM_NOTEBOOK, measure=None):
     """A prediction of tiled_attention's peak live bytes (T = 1,024, D = 64, 64 x 64 tiles); `measure()` returns
-    the measured peak in bytes (called only once a prediction is given)."""
-    if predicted_kib is NOT_ATTEMPTED:
-        return exercise("08.3", predicted_kib, bool)
-    measured_kib = measure() / 1024
+    the measured peak in bytes, and runs only once a prediction is given."""
+    measured = []
 
     def right(p):
         p = float(p)
         assert p > 0, "a peak memory in KiB is a positive number"
-        assert abs(p / measured_kib - 1) <= 0.2, (f"you predicted {p:,.0f} KiB; the measured peak is "
-                                                 f"{measured_kib:,.0f} KiB ({measured_kib / p:.2f} x yours)")
+        measured.append(measure() / 1024)
+        assert abs(p / measured[0] - 1) <= 0.2, (f"you predicted {p:,.0f} KiB; the measured peak is "
+                                                f"{measured[0]:,.0f} KiB ({measured[0] / p:.2f} x yours)")
         return True
-    exercise("08.3", predicted_kib, right, hint="the output (T x D floats), three 64 x 64 tiles and the accumulator")
-    output_kib = 1024 * 64 * 4 / 1024
-    print(f"  measured {measured_kib:,.0f} KiB against your {float(predicted_kib):,.0f} KiB; notice: the output "
-          f"alone is {output_kib:,.0f} KiB, so once T is large, smaller tiles barely lower the peak")
+    exercise("08.3", predicted_kib, right, hint="the output (T x D floats), three 64 x 64 tiles and the accumulator",
+             name="predicted_tiled_peak_kib")
+    if measured:
+        print(f"  measured {measured[0]:,.0f} KiB; notice: the output alone is {1024 * 64 * 4 / 1024:,.0f} KiB, "
+              f"so once T is large, smaller tiles barely lower the peak")
 
 
-def check_4(answer):
+def check_4(answer=FROM_NOTEBOOK):
     """Llama-3-8B int8 KV bytes per token (bf16 scale per token and KV head) and tokens in 16 GiB."""
     per_token = 2 * _LLAMA.n_layers * _LLAMA.n_kv_heads * (_LLAMA.head_dim * 1 + 2)
 
@@ -85,13 +88,14 @@ def check_4(answer):
         nbytes, tokens = a
         assert nbytes != kv_cache_bytes(_LLAMA, 1, dtype=torch.bfloat16), "that is the bf16 cache; codes are 1 byte"
         return nbytes == per_token and tokens == 16 * 2**30 // per_token
-    exercise("08.4", answer, right, hint="K and V, every layer and KV head: head_dim codes plus one scale")
+    exercise("08.4", answer, right, hint="K and V, every layer and KV head: head_dim codes plus one scale",
+             name=("int8_bytes_per_token", "tokens_in_16_gib"))
 
 
-def check_5(chunk):
+def check_5(chunk=FROM_NOTEBOOK):
     """Largest power-of-two chunk giving >= 4 blocks per SM of a 132-SM GPU for 32 heads and 32,768 tokens."""
     def right(c):
         blocks = lambda size: _LLAMA.n_heads * math.ceil(32768 / size)
         assert isinstance(c, int) and c > 0 and c & (c - 1) == 0, "chunk is a power of two (a token count)"
         return blocks(c) >= 4 * 132 and blocks(2 * c) < 4 * 132
-    exercise("08.5", chunk, right, hint="blocks = heads x number of chunks")
+    exercise("08.5", chunk, right, hint="blocks = heads x number of chunks", name="chunk")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from . import NOT_ATTEMPTED, exercise
+from . import FROM_NOTEBOOK, exercise
 
 SIX_LOGITS = (0.3, 0.8, 1.2, 0.5, 0.4, -0.1)  # the chapter's six-token example
 
@@ -12,13 +12,15 @@ def _logits():
     return torch.tensor(SIX_LOGITS, dtype=torch.float64)
 
 
-def check_1(top_k_probs):
+def check_1(top_k_probs=FROM_NOTEBOOK):
     """top_k_probs(logits, k): the probabilities after top-k and renormalising, on the six tokens and random logits."""
     from ...sampling import top_k_filter
 
     gen = torch.Generator().manual_seed(9)
     cases = [(_logits(), 2), (_logits(), 6), (torch.tensor([2.0, 1.0, 1.0, 0.0], dtype=torch.float64), 2)]
     cases += [(torch.randn(50, generator=gen, dtype=torch.float64), k) for k in (1, 5, 20)]
+
+    checked = []
 
     def is_right(fn):
         assert callable(fn), "top_k_probs is a function of (logits, k)"
@@ -31,20 +33,22 @@ def check_1(top_k_probs):
                 f"k={k} on {len(logits)} logits: keeps {int((got > 0).sum())} tokens with sum {got.sum().item():.3f}; "
                 f"should keep {int((want > 0).sum())} summing to 1" + (" (ties with the k-th are kept)" if k == 2
                                                                        and len(logits) == 4 else ""))
+        checked.append(True)
         return True
 
-    exercise("09.1", top_k_probs, is_right, hint="the k-th largest value is a threshold; then softmax what is left")
-    if top_k_probs is not NOT_ATTEMPTED:
+    exercise("09.1", top_k_probs, is_right, hint="the k-th largest value is a threshold; then softmax what is left",
+             name="top_k_probs")
+    if checked:
         print("  notice: top-k keeps the same number of tokens whatever the model's confidence; top-p and min-p adapt")
 
 
-def check_2(answer):
+def check_2(answer=FROM_NOTEBOOK):
     """The temperature at which the third token (index 2) gets 50%."""
     exercise("09.2", answer, lambda t: 0 < float(t) and abs((_logits() / float(t)).softmax(-1)[2].item() - 0.5) < 1e-4,
-             hint="its probability falls steadily as T rises, so bisection works")
+             hint="its probability falls steadily as T rises, so bisection works", name="T_half")
 
 
-def check_3(answer):
+def check_3(answer=FROM_NOTEBOOK):
     """(min_p_low, min_p_high): every min_p in (low, high] keeps the same five tokens as top-p 0.9 at T = 0.7."""
     ranked = (_logits() / 0.7).softmax(-1).sort(descending=True).values
     low, high = (ranked[5] / ranked[0]).item(), (ranked[4] / ranked[0]).item()
@@ -53,23 +57,26 @@ def check_3(answer):
         lo, hi = a
         return abs(float(lo) - low) < 1e-4 and abs(float(hi) - high) < 1e-4
 
-    exercise("09.3", answer, is_right, hint="compare the 5th and 6th probabilities with the largest")
+    exercise("09.3", answer, is_right, hint="compare the 5th and 6th probabilities with the largest",
+             name="min_p_range")
 
 
-def check_4(predicted, measure):
-    """A prediction of the top-p 0.9 nucleus size after the chapter's prompt at T = 1.2; `measure()` computes it
-    (called only once a prediction is given)."""
-    if predicted is NOT_ATTEMPTED:
-        return exercise("09.4", predicted, bool)
-    size = measure()
+def check_4(predicted=FROM_NOTEBOOK, measure=None):
+    """A prediction of the top-p 0.9 nucleus size after the chapter's prompt at T = 1.2; `measure()` computes it,
+    and runs only once a prediction is given."""
+    measured = []
 
     def is_right(p):
         p = float(p)
         assert p >= 1, "a nucleus holds at least one token"
+        measured.append(measure())
+        size = measured[0]
         assert size / 2 <= p <= size * 2, (f"you predicted {p:.0f} tokens; the nucleus holds {size} "
                                            f"({size / p:.1f} x yours)")
         return True
 
-    exercise("09.4", predicted, is_right, hint="count the tokens of softmax(logits / 1.2) needed to reach 0.9")
-    print(f"  the nucleus holds {size} tokens against your {float(predicted):.0f}; notice: it grows far faster than T: "
-          "heating flattens the long tail, so many more small tokens are needed to reach 0.9")
+    exercise("09.4", predicted, is_right, hint="count the tokens of softmax(logits / 1.2) needed to reach 0.9",
+             name="predicted_nucleus_at_1_2")
+    if measured:
+        print(f"  the nucleus holds {measured[0]} tokens; notice: it grows far faster than T: heating flattens the "
+              "long tail, so many more small tokens are needed to reach 0.9")
