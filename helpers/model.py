@@ -378,13 +378,14 @@ def check_cache(cache, model) -> None:
     """The cache contract, as the model sees it: raise a ValueError naming `cache` unless it was built for
     `model`: the same number of layers, KV heads, head dim, dtype and device, and, if it recorded the config it
     was built for (`for_model` does), the same ModelConfig. Works for any cache with a (L, B, Hkv, S, D) tensor
-    `k` and a `layer(i)` view (KVCache, Int8KVCache, RollingKVCache, SinkKVCache)."""
+    `k` and a `layer(i)` view (KVCache, Int8KVCache, RollingKVCache, SinkKVCache). A model whose cache holds
+    fewer KV heads than its config (a tensor-parallel shard holds its own) says how many as `cache_kv_heads`."""
     if not isinstance(getattr(cache, "k", None), torch.Tensor) or not hasattr(cache, "layer"):
         raise ValueError(f"cache must be a KVCache (KVCache.for_model(model, ...)); got {type(cache).__name__}")
     cfg = model.cfg
     L, _, Hkv, _, D = cache.k.shape
     have = (L, Hkv, D, cache.k.dtype, cache.k.device)
-    need = (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, model.dtype, model.device)
+    need = (cfg.n_layers, getattr(model, "cache_kv_heads", cfg.n_kv_heads), cfg.head_dim, model.dtype, model.device)
     if have != need:
         raise ValueError(f"cache was built for another model ({_layout(*have)}); this model needs "
                          f"{_layout(*need)}: build its cache with KVCache.for_model(model, ...)")

@@ -97,3 +97,33 @@ def test_chapter_08_checks_accept_the_worked_answers_and_refuse_wrong_ones(capsy
         ch08.check_3(1000, measure=lambda: 320 * 1024)
     ch08.check_3(..., measure=lambda: 1 / 0)  # not attempted: nothing is measured
     assert "not attempted" in capsys.readouterr().out
+
+
+def test_prediction_checks_measure_only_once_predicted_and_say_how_far_off(capsys):
+    from helpers.course.exercises import ch09, ch10, ch15
+
+    # (check, a close prediction, a far one, what the measurement returns: tokens, a share, seconds)
+    for check, good, bad, value in [(ch09.check_4, 100, 1000, 60), (ch10.check_4, 0.74, 0.99, 0.75),
+                                    (ch15.check_5, 40.0, 400.0, 0.05)]:
+        check(..., measure=lambda: 1 / 0)  # not attempted: nothing is measured
+        check(good, measure=lambda v=value: v)
+        with pytest.raises(ExerciseNotRight, match="you predicted"):
+            check(bad, measure=lambda v=value: v)
+    out = capsys.readouterr().out
+    assert out.count("not attempted") == 3 and out.count("correct") == 3
+
+
+def test_chapter_15_mlp_partial_check():
+    import torch.nn.functional as F
+
+    from helpers.course.exercises import ch15
+
+    def mlp_partial(x, mlp, rank, tp):
+        d_ff = mlp.w_down.weight.shape[1]
+        gate, up = mlp.w_gate_up.weight.split(d_ff)
+        units = slice(rank * d_ff // tp, (rank + 1) * d_ff // tp)
+        return (F.silu(x @ gate[units].T) * (x @ up[units].T)) @ mlp.w_down.weight[:, units].T
+
+    ch15.check_4(mlp_partial)
+    with pytest.raises(ExerciseNotRight, match="rank 0's partial"):
+        ch15.check_4(lambda x, mlp, rank, tp: mlp(x) / tp)  # sums right, but no rank owns its units

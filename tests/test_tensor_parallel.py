@@ -25,7 +25,6 @@ from helpers.parallel.tensor_parallel import (
     TensorParallelTransformer,
     allreduce_bytes_per_token_per_layer,
     check_tp_size,
-    greedy_generate,
     head_ranges,
     kv_heads_per_rank,
     shard_state_dict,
@@ -134,6 +133,16 @@ class _ThreadAllReduce:
         return all_reduce
 
 
+def test_a_shard_takes_its_own_cache_and_refuses_the_full_models():
+    from helpers.model import check_cache
+
+    model = Transformer(TINY).eval()
+    shard = TensorParallelTransformer(model, 0, 2, all_reduce=lambda t: None)  # one rank, no peers needed
+    check_cache(shard.new_cache(max_seq_len=8), shard)  # its own KV head: accepted
+    with pytest.raises(ValueError, match="cache was built for another model"):
+        generate(shard, [1, 2, 3], 2, cache=KVCache.for_model(model, max_seq_len=8))
+
+
 @pytest.mark.parametrize("tp_size", [1, 2, 4])
 def test_sharded_model_matches_full_model_in_threads(tp_size):
     torch.manual_seed(0)
@@ -145,7 +154,7 @@ def test_sharded_model_matches_full_model_in_threads(tp_size):
 
     def work(r):
         cache = ranks[r].new_cache(batch_size=2, max_seq_len=20)
-        out[r] = (ranks[r](prompt), greedy_generate(ranks[r], prompt, 8, cache), cache.nbytes)
+        out[r] = (ranks[r](prompt), generate(ranks[r], prompt, 8, cache=cache), cache.nbytes)  # the one decode loop
 
     threads = [threading.Thread(target=work, args=(r,)) for r in range(tp_size)]
     [t.start() for t in threads]
@@ -183,6 +192,8 @@ def test_two_processes_match_one(group):
         assert r["tokens"] == generate(model, prompt, 12)[0, len(prompt):].tolist()
         assert r["kv_cache_nbytes"] == KVCache.for_model(model, max_seq_len=len(prompt) + 12).nbytes // 2
         assert r["allreduce_bytes_last_step"] == [model.cfg.d_model * 4] * (2 * model.cfg.n_layers)
+        assert len(r["step_seconds"]) == len(r["allreduce_seconds"]) == len(r["step_cpu_seconds"]) == 11
+        assert all(0 <= a <= s for a, s in zip(r["allreduce_seconds"], r["step_seconds"]))
     assert torch.equal(torch.from_numpy(results[0]["logits"]), torch.from_numpy(results[1]["logits"]))
 
 

@@ -13,9 +13,12 @@ once, each paying a fixed latency `alpha`:
 
 Spec sheets give bandwidth, not the per-step latency of a collective (that depends on the library,
 the kernel launch and the topology), so latency enters only as a parameter the caller picks and names.
+What a real collective takes is a measurement on that hardware: PUBLISHED_ALLREDUCE_LATENCY holds the
+few small-message all-reduce latencies published for one 8-GPU NVSwitch node, each with where it was
+reported and how it was run.
 
-Left out: tree and in-switch (NVLS / SHARP) all-reduce algorithms, overlap of communication with
-compute, congestion, prices.
+Left out: tree and in-switch (NVLS / SHARP) all-reduce algorithms (the published latencies include
+them), overlap of communication with compute, congestion, prices.
 """
 from __future__ import annotations
 
@@ -59,6 +62,9 @@ LINKS: dict[str, Link] = {
     "pcie4-l40s": Link("PCIe Gen4 x16", "PCIe Gen4 x16: 64GB/s bidirectional", 32 * GB,
                        "64 GB/s bidirectional: 32 GB/s each way",
                        "NVIDIA L40S datasheet (it also states: NVLink support: No)"),
+    "nvlink5-b200": Link("NVLink 5", "NVLink: 14.4TB/s aggregate bandwidth (8 GPUs)", 900 * GB,
+                         "14.4 TB/s over 8 GPUs is 1.8 TB/s per GPU, both directions: 900 GB/s each way",
+                         "NVIDIA DGX B200 datasheet"),
     "network-400g": Link("400 Gb/s network", "up to 400Gb/s (NDR InfiniBand / 400GbE)", 50 * GB,
                          "400 gigabits per second per direction / 8 bits per byte = 50 GB/s each way",
                          "NVIDIA ConnectX-7 adapter documentation"),
@@ -69,6 +75,32 @@ GPUS: dict[str, GPU] = {
                     "80GB; 3.35TB/s; up to 700W", "NVIDIA H100 Tensor Core GPU datasheet"),
     "L40S": GPU("L40S", 48 * GB, 864 * GB, 350, "pcie4-l40s",
                 "48GB GDDR6 with ECC; 864GB/s; 350W", "NVIDIA L40S datasheet"),
+    "H200 SXM": GPU("H200 SXM", 141 * GB, 4.8e12, 700, "nvlink-h100",
+                    "141GB; 4.8TB/s; up to 700W; NVLink: 900GB/s",
+                    "NVIDIA H200 Tensor Core GPU datasheet, H200 SXM column (NVLink as the H100's)"),
+    "B200": GPU("B200", 1440 / 8 * GB, 64e12 / 8, 1000, "nvlink5-b200",
+                "1,440GB total GPU memory; 64TB/s HBM3e bandwidth (8 GPUs); 1,000W per GPU",
+                "NVIDIA DGX B200 datasheet (totals for 8 GPUs, divided by 8); 1,000 W: NVIDIA HGX B200 "
+                "specification"),
+}
+
+
+@dataclass(frozen=True)
+class PublishedLatency:
+    setup: str  # the hardware, software and message size, as reported
+    seconds: float
+    source: str
+
+
+# Small-message all-reduce latency on one 8-GPU NVSwitch node, as reported (not measured here). Both were run
+# with nccl-tests' all_reduce_perf and CUDA graphs, tuned for small messages: what a well-set-up node reaches.
+PUBLISHED_ALLREDUCE_LATENCY: dict[str, PublishedLatency] = {
+    "8x H200, 8 bytes": PublishedLatency(
+        "8x H200 (NVSwitch), 8-byte all-reduce, NCCL 2.27 symmetric memory, tuned for latency", 2.3e-6,
+        "NVIDIA/nccl GitHub issue #1940 (Dec 2025): 'about 2.3 us' on 8x H200 or 8x H800; 'around 3 us' on 8x B200"),
+    "2 of 8 H100, 128 B - 64 KB": PublishedLatency(
+        "2 GPUs of an HGX 8x H100 node, 128 B to 64 KB all-reduce, NCCL 2.20.5, NVLink SHARP (NVLS)", 6e-6,
+        "NVIDIA/nccl GitHub issue #1259 (Apr 2024): 'approximately 6us' with 2 GPUs, rising with more GPUs"),
 }
 
 # Llama-3-70B's shape (its published config.json), built from the course's Llama-3-8B preset:

@@ -16,11 +16,16 @@ same), so the cache per rank stops shrinking.
 
     tp_model = TensorParallelTransformer(model, rank, tp_size)   # inside a worker, after init_process_group
     logits = tp_model(idx, cache=tp_model.new_cache(max_seq_len=64))
+    ids = generate(tp_model, prompt, 16, cache=tp_model.new_cache(max_seq_len=64))   # the one decode loop
 
 `shard_state_dict` is plain slicing and runs anywhere; the forward pass needs an initialised process
 group (workers.py starts one) unless you pass your own `all_reduce`.
 
-Left out: a vocabulary-parallel embedding and head (Megatron splits those too), sequence parallelism,
+The sharded model takes the same forward arguments the decode loop passes (`cache`, `start_pos`,
+`last_only`, `check`) and says how many KV heads its cache holds (`cache_kv_heads`, which the cache
+contract, model.check_cache, reads), so `helpers.generate.generate` decodes with it unchanged.
+
+Left out: a vocabulary-parallel embedding and head (Megatron and vLLM split those too), sequence parallelism,
 overlap of communication with compute, quantized collectives, fused kernels, the static-shape path
 of fast_decode.py.
 """
@@ -32,6 +37,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..generate import decode_one_token, generate
 from ..kv_cache import KVCache
 from ..model import ModelConfig, RMSNorm, apply_rope, causal_mask, check_token_ids
 from .workers import worker_model
@@ -252,6 +258,11 @@ class TensorParallelTransformer(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.embed.weight.dtype
 
+    @property
+    def cache_kv_heads(self) -> int:
+        """KV heads a cache for this rank holds (its own), for the cache contract (model.check_cache)."""
+        return kv_heads_per_rank(self.cfg, self.tp_size)
+
     def new_cache(self, batch_size: int = 1, max_seq_len: int | None = None) -> KVCache:
         """A KV cache for this rank's key/value heads only."""
         S = self.cfg.max_seq_len if max_seq_len is None else max_seq_len
@@ -261,11 +272,15 @@ class TensorParallelTransformer(nn.Module):
                        self.cfg.head_dim, dtype=self.dtype, device=self.device)
 
     @torch.no_grad()
-    def forward(self, idx, cache: KVCache | None = None, last_only: bool = False):
-        """Logits (B, T, V) for tokens idx (B, T), placed after what `cache` holds (position 0 without one)."""
-        check_token_ids(idx, self.cfg.vocab_size)
+    def forward(self, idx, cache: KVCache | None = None, start_pos: int | None = None, last_only: bool = False,
+                check: bool = True):
+        """Logits (B, T, V) for tokens idx (B, T), placed at start_pos (default: after what `cache` holds;
+        position 0 without one). check=False skips the token-id range check, as Transformer.forward does for
+        tokens the model produced itself."""
+        if check:
+            check_token_ids(idx, self.cfg.vocab_size)
         B, T = idx.shape
-        start = cache.length if cache is not None else 0
+        start = start_pos if start_pos is not None else cache.length if cache is not None else 0
         if start + T > (cache.max_seq_len if cache is not None else self.cfg.max_seq_len):
             raise ValueError(f"positions {start}..{start + T - 1} do not fit (cache or context window)")
         cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]  # (T, D)
@@ -279,22 +294,6 @@ class TensorParallelTransformer(nn.Module):
         return self.head(self.norm(x))  # (B, T, V)
 
 
-@torch.no_grad()
-def greedy_generate(model, prompt: torch.Tensor, max_new_tokens: int, cache: KVCache) -> torch.Tensor:
-    """Greedy decoding (prefill, then one token per step) for any model whose forward takes
-    (idx, cache=..., last_only=...): the sharded model, or the full one with a KVCache. (B, T + n) ids."""
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an int >= 1; got {max_new_tokens!r}")
-    out = [prompt]
-    logits = model(prompt, cache=cache, last_only=True)[:, -1, :]  # (B, V)
-    for step in range(max_new_tokens):
-        tok = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
-        out.append(tok)
-        if step + 1 < max_new_tokens:
-            logits = model(tok, cache=cache)[:, -1, :]
-    return torch.cat(out, dim=1)
-
-
 # ----------------------------------------------------------------------------------------------
 # tasks for workers.WorkerGroup: task(rank, world_size, ...) runs on every rank
 
@@ -306,38 +305,40 @@ def _as_numpy(t: torch.Tensor):
 def tp_greedy_task(rank: int, world_size: int, prompt_ids: list[int], max_new_tokens: int) -> dict:
     """On each rank: load the course model, keep this rank's shard, and run
     (1) a forward pass over the prompt without a cache (the logits, to compare with one process),
-    (2) greedy generation with this rank's KV cache, timing each decode step and logging the bytes
-        every all-reduce of the last decode step carried."""
+    (2) greedy generation with this rank's KV cache through `generate`'s loop, timing each decode step: its
+        wall seconds, the seconds inside its all-reduces, and the CPU seconds this process used (so a step
+        can be split into arithmetic, waiting inside collectives, and waiting for a core); and logging the
+        bytes every all-reduce of the last decode step carried."""
     tp = TensorParallelTransformer(worker_model(), rank, world_size)
     prompt = torch.tensor([prompt_ids], dtype=torch.long)  # (1, T)
     logits = tp(prompt)  # (1, T, V)
     cache = tp.new_cache(max_seq_len=len(prompt_ids) + max_new_tokens)
-    step_logits = tp(prompt, cache=cache, last_only=True)[:, -1, :]  # prefill: (1, V)
-    tokens, step_seconds = [], []
-    for step in range(max_new_tokens):
-        tok = step_logits.argmax(dim=-1, keepdim=True)  # (1, 1)
-        tokens.append(int(tok))
-        if step + 1 == max_new_tokens:
-            break
-        tp.comm.reset()
-        t0 = time.perf_counter()
-        step_logits = tp(tok, cache=cache)[:, -1, :]
-        step_seconds.append(time.perf_counter() - t0)
+    steps = {"step_seconds": [], "allreduce_seconds": [], "step_cpu_seconds": []}
+
+    def timed_step(model, token, cache):
+        model.comm.reset()  # so the log holds this step's all-reduces only
+        wall, cpu = time.perf_counter(), time.process_time()
+        out = decode_one_token(model, token, cache)
+        steps["step_seconds"].append(time.perf_counter() - wall)
+        steps["step_cpu_seconds"].append(time.process_time() - cpu)
+        steps["allreduce_seconds"].append(sum(model.comm.seconds_log))
+        return out
+
+    tokens = generate(tp, prompt, max_new_tokens, cache=cache, step=timed_step)[0, len(prompt_ids):].tolist()
     return {"logits": _as_numpy(logits), "tokens": tokens, "kv_cache_nbytes": cache.nbytes,
-            "allreduce_bytes_last_step": list(tp.comm.bytes_log),
-            "allreduce_seconds_last_step": sum(tp.comm.seconds_log), "step_seconds": step_seconds}
+            "allreduce_bytes_last_step": list(tp.comm.bytes_log), **steps}
 
 
-def allreduce_timing_task(rank: int, world_size: int, sizes_bytes: list[int], repeats: int = 30) -> dict:
-    """Median seconds of one all-reduce (sum) of float32 tensors of each size, between barriers."""
-    import statistics
-
+def allreduce_timing_task(rank: int, world_size: int, sizes_bytes: list[int], repeats: int = 200) -> dict:
+    """Seconds of each of `repeats` all-reduces (sum) of float32 tensors of each size, each between barriers
+    (a list per size: loopback timings on a shared machine are not one number, so the caller takes the
+    median and looks at the spread)."""
     import torch.distributed as dist
 
     out = {}
     for size in sizes_bytes:
         x = torch.ones(max(size // 4, 1))
-        for _ in range(3):  # warm-up: connections, buffers
+        for _ in range(5):  # warm-up: connections, buffers
             dist.all_reduce(x)
         times = []
         for _ in range(repeats):
@@ -345,5 +346,5 @@ def allreduce_timing_task(rank: int, world_size: int, sizes_bytes: list[int], re
             t0 = time.perf_counter()
             dist.all_reduce(x)
             times.append(time.perf_counter() - t0)
-        out[size] = statistics.median(times)
+        out[size] = times
     return out

@@ -50,3 +50,53 @@ def check_3(answer=FROM_NOTEBOOK):
     return exercise("15.3", answer, right,
                     hint="a token passes every stage and every boundary once; a full pipeline is as fast "
                          "as its slowest stage", name="pipeline_answer")
+
+
+def check_4(mlp_partial=FROM_NOTEBOOK):
+    """mlp_partial(x, mlp, rank, tp): rank `rank`'s partial output of the SwiGLU MLP split over `tp` ranks."""
+    import torch.nn.functional as F
+
+    from ...checkpoint import load_model
+
+    model, _ = load_model("target", device="cpu", dtype=torch.float32)
+    mlp, tp = model.layers[1].mlp, 4
+    x = torch.randn(2, 3, model.cfg.d_model, generator=torch.Generator().manual_seed(15))  # (B, T, C)
+    gate, up = mlp.w_gate_up.weight.split(model.cfg.d_ff)  # (F, C) each
+    size = model.cfg.d_ff // tp
+
+    def right(fn):
+        assert callable(fn), "mlp_partial is a function of (x, mlp, rank, tp)"
+        with torch.no_grad():
+            parts = [torch.as_tensor(fn(x, mlp, r, tp)) for r in range(tp)]
+            for r, part in enumerate(parts):
+                assert part.shape == x.shape, f"rank {r}: expected shape {tuple(x.shape)}, got {tuple(part.shape)}"
+                units = slice(r * size, (r + 1) * size)
+                want = (F.silu(x @ gate[units].T) * (x @ up[units].T)) @ mlp.w_down.weight[:, units].T
+                assert torch.allclose(part, want, atol=1e-5), (f"rank {r}'s partial is not the output of hidden units "
+                                                                f"{units.start}..{units.stop - 1} alone")
+            assert torch.allclose(sum(parts), mlp(x), atol=1e-4), "the partials do not add up to the MLP's output"
+        return True
+
+    return exercise("15.4", mlp_partial, right, name="mlp_partial",
+                    hint="rows of gate and up, columns of down, for this rank's hidden units; silu(gate) * up between")
+
+
+def check_5(predicted_ms=FROM_NOTEBOOK, measure=None):
+    """A prediction of one loopback all-reduce of 16 MB (float32, two ranks), in ms; `measure()` returns the measured
+    median in seconds, and runs only once a prediction is given."""
+    measured = []
+
+    def right(p):
+        p = float(p)
+        assert p > 0, "a time in milliseconds is a positive number"
+        measured.append(measure() * 1e3)
+        ms = measured[0]
+        assert ms / 2.5 <= p <= ms * 2.5, (f"you predicted {p:.1f} ms; the median of 20 all-reduces of 16 MB was "
+                                           f"{ms:.1f} ms ({ms / p:.1f} x yours)")
+        return True
+
+    exercise("15.5", predicted_ms, right, name="predicted_16mb_ms",
+             hint="a large message costs its bytes / the bandwidth of the large messages, plus the fixed cost")
+    if measured:
+        print(f"  measured {measured[0]:.1f} ms; notice: at 16 MB the fixed cost is lost in the bytes, the regime "
+              f"where real links differ (section 6), and the one prefill reaches")
