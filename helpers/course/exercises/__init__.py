@@ -25,7 +25,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
-__all__ = ["FROM_NOTEBOOK", "NOT_ATTEMPTED", "ExerciseNotRight", "exercise", "notebook_answer"]
+__all__ = ["FROM_NOTEBOOK", "NOT_ATTEMPTED", "ExerciseNotRight", "exercise", "notebook_answer", "prediction"]
 
 NOT_ATTEMPTED = ...  # the placeholder an exercise cell starts with
 
@@ -59,13 +59,15 @@ def notebook_answer(name: str | tuple[str, ...], namespace: dict | None = None):
 
 
 def exercise(label: str, answer: Any, is_right: Callable[[Any], Any], hint: str = "",
-             name: str | tuple[str, ...] = "", stub: Callable[[Any], bool] | None = None) -> None:
+             name: str | tuple[str, ...] = "", stub: Callable[[Any], bool] | None = None,
+             notice: str | Callable[[], str] = "") -> None:
     """Check one answer. `is_right(answer)` returns a truthy value for a right answer (it may also raise
     AssertionError with its own message). answer=FROM_NOTEBOOK reads it from the notebook variable(s) `name`.
     stub(answer): True while the answer is still the exercise cell's placeholder in another form than `...`
     (a function whose body is still `return ...`). Prints one line when right, not attempted or not run yet
     (and returns None, so a check cell shows only that line); a wrong answer raises ExerciseNotRight with
-    `hint`."""
+    `hint`. notice: what to notice, printed on a second line after a right answer (a callable is called then,
+    so it may use what is_right computed)."""
     if answer is FROM_NOTEBOOK:
         if not name:
             raise ValueError(f"exercise {label}: no answer given and no name to read it from")
@@ -92,3 +94,27 @@ def exercise(label: str, answer: Any, is_right: Callable[[Any], Any], hint: str 
             message += f" (hint: {hint})"
         raise ExerciseNotRight(message)
     print(f"Exercise {label}: correct")
+    if notice:
+        print(f"  notice: {notice() if callable(notice) else notice}")
+
+
+def prediction(label: str, predicted: Any, measure: Callable[[], float], *, ratio: float | None = None,
+               distance: float | None = None, unit: str = "", hint: str = "", name: str | tuple[str, ...] = "",
+               notice: Callable[[float], str] | None = None) -> None:
+    """Check a prediction against a measurement: `measure()` runs only once a prediction is given (an
+    exercise left at `...` measures nothing). Right when the prediction is within a factor `ratio` of the
+    measured value, or within `distance` of it; either way the learner sees the measured value, and after a
+    right prediction `notice(measured)`."""
+    measured: list[float] = []
+
+    def is_right(p):
+        p = float(p)
+        assert p > 0 or distance is not None, f"a prediction in {unit or 'these units'} is a positive number"
+        measured.append(float(measure()))
+        value = measured[0]
+        close = (value / ratio <= p <= value * ratio) if ratio is not None else abs(p - value) <= distance
+        assert close, f"you predicted {p:,.4g}{unit}; the measurement gave {value:,.4g}{unit}"
+        return True
+
+    exercise(label, predicted, is_right, hint=hint, name=name,
+             notice=lambda: f"measured {measured[0]:,.4g}{unit}" + (f"; {notice(measured[0])}" if notice else ""))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from . import FROM_NOTEBOOK, exercise
+from . import FROM_NOTEBOOK, exercise, prediction
 
 SIX_LOGITS = (0.3, 0.8, 1.2, 0.5, 0.4, -0.1)  # the chapter's six-token example
 
@@ -20,8 +20,6 @@ def check_1(top_k_probs=FROM_NOTEBOOK):
     cases = [(_logits(), 2), (_logits(), 6), (torch.tensor([2.0, 1.0, 1.0, 0.0], dtype=torch.float64), 2)]
     cases += [(torch.randn(50, generator=gen, dtype=torch.float64), k) for k in (1, 5, 20)]
 
-    checked = []
-
     def is_right(fn):
         assert callable(fn), "top_k_probs is a function of (logits, k)"
         for logits, k in cases:
@@ -33,13 +31,11 @@ def check_1(top_k_probs=FROM_NOTEBOOK):
                 f"k={k} on {len(logits)} logits: keeps {int((got > 0).sum())} tokens with sum {got.sum().item():.3f}; "
                 f"should keep {int((want > 0).sum())} summing to 1" + (" (ties with the k-th are kept)" if k == 2
                                                                        and len(logits) == 4 else ""))
-        checked.append(True)
         return True
 
     exercise("09.1", top_k_probs, is_right, hint="the k-th largest value is a threshold; then softmax what is left",
-             name="top_k_probs")
-    if checked:
-        print("  notice: top-k keeps the same number of tokens whatever the model's confidence; top-p and min-p adapt")
+             name="top_k_probs",
+             notice="top-k keeps the same number of tokens whatever the model's confidence; top-p and min-p adapt")
 
 
 def check_2(answer=FROM_NOTEBOOK):
@@ -64,19 +60,7 @@ def check_3(answer=FROM_NOTEBOOK):
 def check_4(predicted=FROM_NOTEBOOK, measure=None):
     """A prediction of the top-p 0.9 nucleus size after the chapter's prompt at T = 1.2; `measure()` computes it,
     and runs only once a prediction is given."""
-    measured = []
-
-    def is_right(p):
-        p = float(p)
-        assert p >= 1, "a nucleus holds at least one token"
-        measured.append(measure())
-        size = measured[0]
-        assert size / 2 <= p <= size * 2, (f"you predicted {p:.0f} tokens; the nucleus holds {size} "
-                                           f"({size / p:.1f} x yours)")
-        return True
-
-    exercise("09.4", predicted, is_right, hint="count the tokens of softmax(logits / 1.2) needed to reach 0.9",
-             name="predicted_nucleus_at_1_2")
-    if measured:
-        print(f"  the nucleus holds {measured[0]} tokens; notice: it grows far faster than T: heating flattens the "
-              "long tail, so many more small tokens are needed to reach 0.9")
+    prediction("09.4", predicted, measure, ratio=2, unit=" tokens", name="predicted_nucleus_at_1_2",
+               hint="count the tokens of softmax(logits / 1.2) needed to reach 0.9",
+               notice=lambda n: "the nucleus grows far faster than T: heating flattens the long tail, so many more "
+                                "small tokens are needed to reach 0.9")

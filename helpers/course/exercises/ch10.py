@@ -6,7 +6,7 @@ import itertools
 import json
 
 from ...regex_automaton import compile_regex
-from . import FROM_NOTEBOOK, exercise
+from . import FROM_NOTEBOOK, exercise, prediction
 
 __all__ = ["check_1", "check_2", "check_3", "check_4"]
 
@@ -71,18 +71,7 @@ def check_3(answer=FROM_NOTEBOOK):
 def check_4(predicted=FROM_NOTEBOOK, measure=None):
     """A prediction of the share of "a" among masked samples of `a|bbbb` when "a" 0.3, "b" 0.1, end 0.6 at every
     step; `measure()` samples it, and runs only once a prediction is given."""
-    measured = []
-
-    def is_right(p):
-        p = float(p)
-        assert 0 <= p <= 1, "a share is a fraction between 0 and 1"
-        measured.append(measure())
-        assert abs(p - measured[0]) <= 0.05, (f"you predicted {p:.3f}; masked sampling gave 'a' "
-                                             f"{measured[0]:.3f} of the time")
-        return True
-
-    exercise("10.4", predicted, is_right, hint="masked sampling decides at the first step, between the allowed tokens",
-             name="predicted_share_of_a")
-    if measured:
-        print(f"  measured {measured[0]:.3f}; notice: the first token decides, renormalised over 'a' and 'b' alone "
-              "(0.3 / 0.4); how unlikely the forced 'bbb' after it is never enters")
+    prediction("10.4", predicted, measure, distance=0.05, name="predicted_share_of_a",
+               hint="masked sampling decides at the first step, between the allowed tokens",
+               notice=lambda share: "the first token decides, renormalised over 'a' and 'b' alone (0.3 / 0.4); how "
+                                    "unlikely the forced 'bbb' after it is never enters")

@@ -11,7 +11,7 @@ from ...parallel.tensor_parallel import (
     ring_allreduce_bytes_sent,
     tp_kv_cache_bytes,
 )
-from . import FROM_NOTEBOOK, exercise
+from . import FROM_NOTEBOOK, exercise, prediction
 
 
 def _int(a) -> int:
@@ -84,19 +84,7 @@ def check_4(mlp_partial=FROM_NOTEBOOK):
 def check_5(predicted_ms=FROM_NOTEBOOK, measure=None):
     """A prediction of one loopback all-reduce of 16 MB (float32, two ranks), in ms; `measure()` returns the measured
     median in seconds, and runs only once a prediction is given."""
-    measured = []
-
-    def right(p):
-        p = float(p)
-        assert p > 0, "a time in milliseconds is a positive number"
-        measured.append(measure() * 1e3)
-        ms = measured[0]
-        assert ms / 2.5 <= p <= ms * 2.5, (f"you predicted {p:.1f} ms; the median of 20 all-reduces of 16 MB was "
-                                           f"{ms:.1f} ms ({ms / p:.1f} x yours)")
-        return True
-
-    exercise("15.5", predicted_ms, right, name="predicted_16mb_ms",
-             hint="a large message costs its bytes / the bandwidth of the large messages, plus the fixed cost")
-    if measured:
-        print(f"  measured {measured[0]:.1f} ms; notice: at 16 MB the fixed cost is lost in the bytes, the regime "
-              f"where real links differ (section 6), and the one prefill reaches")
+    prediction("15.5", predicted_ms, lambda: measure() * 1e3, ratio=2.5, unit=" ms", name="predicted_16mb_ms",
+               hint="a large message costs its bytes / the bandwidth of the large messages, plus the fixed cost",
+               notice=lambda ms: "at 16 MB the fixed cost is lost in the bytes: the regime where real links differ "
+                                 "(section 6), and the one prefill reaches")
