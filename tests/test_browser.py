@@ -216,6 +216,24 @@ def move_slider(page, panel, index: int, key: str, presses: int, expect: str, be
     raise TimeoutError(f"the panel never showed {expect!r}; it shows {panel.inner_text()[:300]!r}")
 
 
+def widget_errors_top_to_bottom(page, steps: int = 400) -> list[str]:
+    """Scroll the notebook from top to bottom (windowing renders only what is near) and return the input of
+    every code cell whose output reads "Error displaying widget"."""
+    page.evaluate("document.querySelectorAll('.jp-WindowedPanel-outer').forEach(e => e.scrollTop = 0)")
+    broken = set()
+    for _ in range(steps):
+        page.wait_for_timeout(150)
+        for cell in page.locator(".jp-CodeCell", has=page.locator(".jp-OutputArea-output",
+                                                                  has_text="Error displaying widget")).all():
+            broken.add(cell.locator(".jp-InputArea").inner_text()[:80])
+        at_end = page.evaluate("Array.from(document.querySelectorAll('.jp-WindowedPanel-outer')).every("
+                               "e => e.scrollTop + e.clientHeight >= e.scrollHeight - 2)")
+        if at_end:
+            return sorted(broken)
+        page.evaluate("document.querySelectorAll('.jp-WindowedPanel-outer').forEach(e => e.scrollTop += 400)")
+    raise TimeoutError("never reached the end of the notebook")
+
+
 def save_and_reopen(context, page, base, token, saved: Path):
     """Save from the page (File > Save Notebook), shut the kernel down, and open the notebook in a new page.
     Returns the new page once its fresh kernel is idle."""
@@ -305,5 +323,6 @@ def test_sampling_panel_in_jupyterlab(jupyterlab):
             panel_cell = page.locator(".jp-CodeCell", has=stand_in)
             assert panel_cell.count() == 1 and "sampling_panel(" in panel_cell.inner_text()
             assert "Error displaying widget" not in panel_cell.inner_text()
+            assert widget_errors_top_to_bottom(page) == []  # nor under a progress bar, anywhere
         finally:
             browser.close()
