@@ -6,6 +6,8 @@ an OpenAI-compatible HTTP server over it (chapter 14).
     model_runner.py  one forward pass over a ragged batch (prefill chunks and decodes together)
     request.py       one request's state: tokens, blocks, sampling settings, timings
     scheduler.py     each step's batch: admission, token budget, chunked prefill, preemption
+    static_scheduler.py  the static-batching baseline (policy="static"), as a subclass
+    params.py        each parameter of Engine() and submit() checked: InvalidParameter names it
     engine.py        submit / step / cancel / metrics: the API a server is built on
     workload.py      synthetic workloads replayed through sequential, static and continuous serving
     bench.py         python -m helpers.serving.bench: the chapter's targets, measured
