@@ -38,7 +38,7 @@ Modules, one job each (chapter in brackets):
     diagrams_speculative.py  one speculative round, drawn                                        [12]
     serving/             continuous batching: paged KV blocks, scheduler, prefix caching,
                          chunked prefill, the engine; and the OpenAI-compatible server           [13, 14]
-    serve.py             python -m helpers.serve: the course model behind OpenAI's API            [14]
+    serving/__main__.py  python -m helpers.serving: the course model behind OpenAI's API          [14]
     tensor_parallel.py   Megatron-style tensor parallelism over torch.distributed                 [15]
     pipeline_parallel.py layers split across ranks, sequences in flight                          [15]
     interconnect.py      published link and memory figures, the all-reduce cost model            [15]

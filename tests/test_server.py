@@ -7,12 +7,12 @@ import json
 import time
 
 import httpx
+import openai
 import pytest
 import torch
 
 from helpers.serving.launch import ServerProcess
 
-openai = pytest.importorskip("openai")
 MODEL = "course-target"
 
 

@@ -22,7 +22,8 @@ import os
 import pytest
 import torch
 from conftest import random_model
-from hypothesis import HealthCheck, event, given, settings, target
+from hypothesis import HealthCheck, given, settings, target
+from hypothesis import event as note_event
 from hypothesis import strategies as st
 
 from helpers import generate
@@ -121,10 +122,10 @@ def test_every_workload_finishes_within_the_bound_and_equals_generate(tiny, poli
     check_outputs(tiny, engine, submitted)
     target(float(engine.scheduler.num_preemptions), label="preemptions")  # steer the search to tight pools
     # what the drawn workloads exercised (pytest --hypothesis-show-statistics)
-    event(f"preempted: {engine.scheduler.num_preemptions > 0}")
-    event(f"refused at submit: {any(rid is None for *_, rid in submitted)}")
-    event(f"cancelled: {any(rid and engine.get(rid).finish_reason == 'cancelled' for *_, rid in submitted)}")
-    event(f"prefix-cache hits: {engine.pool.hits > 0}")
+    note_event(f"preempted: {engine.scheduler.num_preemptions > 0}")
+    note_event(f"refused at submit: {any(rid is None for *_, rid in submitted)}")
+    note_event(f"cancelled: {any(rid and engine.get(rid).finish_reason == 'cancelled' for *_, rid in submitted)}")
+    note_event(f"prefix-cache hits: {engine.pool.hits > 0}")
 
 
 SHIPPED_CASES = [  # the review's reproducers and tight pools, on the shipped model

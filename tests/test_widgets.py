@@ -2,9 +2,7 @@
 plain-text form that tells a reader of the saved notebook how to get the sliders."""
 import struct
 
-import pytest
-
-pytest.importorskip("ipywidgets")
+import ipywidgets  # noqa: F401  (a hard requirement: without it the test fails, never skips)
 
 from helpers import load_model  # noqa: E402
 from helpers.widgets import PANEL_DPI, PANEL_FIGSIZE, sampling_panel  # noqa: E402
