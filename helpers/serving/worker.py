@@ -65,6 +65,7 @@ class EngineWorker:
         self._stop = False
         self._recent: deque = deque()  # (time, tokens) of recent steps, for tokens/s
         self.cancel_seconds: deque = deque(maxlen=256)  # hang-up seen -> blocks freed, per cancelled request
+        self.num_hangups = 0  # requests cancelled because their client went away
         self.t0 = time.perf_counter()
         self.thread = threading.Thread(target=self._run, name="engine", daemon=True)
 
@@ -116,7 +117,8 @@ class EngineWorker:
         span = min(10.0, now - self.t0)
         return {**self.engine.stats(), "pending": self._pending, "max_pending": self.max_pending,
                 "tokens_per_s": sum(recent) / span if span > 0 else 0.0, "engine_alive": self.thread.is_alive(),
-                "cancel_ms": [round(x * 1e3, 2) for x in list(self.cancel_seconds)[-32:]],  # hang-up -> freed
+                "hangups": self.num_hangups,  # requests cancelled because their client went away, and the last
+                "cancel_ms": [round(x * 1e3, 2) for x in list(self.cancel_seconds)[-32:]],  # 32: hang-up -> freed
                 **process_memory()}
 
     # inside the engine thread ---------------------------------------------------------------------
@@ -165,6 +167,7 @@ class EngineWorker:
                 self.engine.cancel(rid)  # its blocks are back in the pool when this returns
                 if seen_at is not None:
                     self.cancel_seconds.append(time.perf_counter() - seen_at)
+                    self.num_hangups += 1
                 self._put(listener, TokenEvent(None, True, "cancelled"))  # for a handler still waiting
                 self._forget(rid)
 
