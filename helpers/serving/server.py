@@ -53,7 +53,8 @@ def create_app(model, tokenizer, *, num_blocks: int = 1024, block_size: int = 16
         worker.stop()
 
     app = FastAPI(title="LLM inference, executed: the course model behind OpenAI's API", lifespan=lifespan)
-    app.state.worker, app.state.engine, app.state.model_name = worker, engine, model_name
+    app.state.worker, app.state.engine, app.state.completions = worker, engine, completions
+    app.state.model_name = model_name
     app.add_exception_handler(APIError, api_error)
     app.add_exception_handler(HTTPException, http_error)
     app.add_exception_handler(Exception, server_error)
