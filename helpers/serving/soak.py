@@ -101,7 +101,11 @@ def draw_request(rng: random.Random) -> tuple[str, dict | bytes]:
         body.setdefault("extensions", {})["repetition_penalty"] = 1.3
     if rng.random() < 0.2:
         body["stop"] = rng.choice(["\n", ":", ["\n\n", "return"]])
-    return ("hangup" if u < 0.20 else "good"), body
+    if u < 0.20:  # a long request, so that the client leaves while it runs
+        body.update(max_tokens=rng.randint(100, 300), n=1)
+        body.setdefault("extensions", {})["ignore_eos"] = True
+        return "hangup", body
+    return "good", body
 
 
 async def send(http: httpx.AsyncClient, base: str, kind: str, body, rng: random.Random) -> Outcome:
@@ -112,7 +116,7 @@ async def send(http: httpx.AsyncClient, base: str, kind: str, body, rng: random.
         r = await http.post(url, content=body, headers={"content-type": "application/json"})
         out.status, out.error = r.status_code, r.json().get("error")
         return out
-    hang_after = rng.choice([0.0, 0.05, 0.3]) if kind == "hangup" else None
+    hang_after = rng.choice([0.0, rng.uniform(0.02, 0.5)]) if kind == "hangup" else None  # 0: before sending
     try:
         async with asyncio.timeout(hang_after if hang_after is not None else 120):
             if body["stream"]:
