@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import os
 import tempfile
-from pathlib import Path
 
 import pytest
 import torch
 
 import helpers.fast_decode  # noqa: F401 (sets the compile cache folder, below)
 from helpers.model import ModelConfig, Transformer
+from helpers.paths import REPO
 
-REPO = Path(__file__).resolve().parent
 TESTS = REPO / "tests"
 os.environ.setdefault("PYTHONHASHSEED", "0")
 # one thread per process: the suite runs two workers on two cores, and small models gain nothing from
@@ -22,6 +21,8 @@ torch.set_num_threads(1)
 # figures the notebooks save during the tests go to a temp folder, not over the committed ones
 # (notebook kernels and the browser test's JupyterLab inherit this)
 os.environ.setdefault("LLM_COURSE_FIGURES", tempfile.mkdtemp(prefix="course-figures-"))
+# every figure a notebook saves is checked for overlapping or escaping labels (course/figure_check.py)
+os.environ.setdefault("LLM_COURSE_CHECK_FIGURES", "1")
 # torch.compile's cache: importing helpers.fast_decode (above) pointed TORCHINDUCTOR_CACHE_DIR, unless set, at
 # .cache/inductor/<instruction set> instead of the system temp folder (inductor_cache_dir says why per set)
 

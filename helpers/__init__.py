@@ -5,51 +5,56 @@
     ids = generate(model, tok.encode("def fib(n):", bos=True), max_new_tokens=64)
     print(tok.decode(ids[0]))
 
-Modules, one job each (chapter in brackets):
-    model.py             the transformer: config presets, RMSNorm, RoPE, GQA attention, SwiGLU   [00, 01]
+Modules, one job each (chapter in brackets). At the top, the inference code a learner reads:
+    model.py             the transformer: config presets, RMSNorm, RoPE, GQA attention, SwiGLU;
+                         check_cache, the contract every KV cache meets                          [00, 01]
     tokenizer.py         byte-level BPE with byte-exact round trips                               [00, 01]
-    checkpoint.py        load_model(): verified safetensors checkpoints                           [00]
+    checkpoint.py        load_model(): verified safetensors checkpoints (in checkpoints/)         [00]
     token_healing.py     the prompt boundary: back up the last token, re-choose it within its bytes [01]
-    layer_map.py         a drawn map of one transformer block with every tensor's shape          [01]
     data.py              the corpus: the Python standard library's own source                    [00, 02]
     train.py             training (python -m helpers.train) and short in-notebook runs           [02, 03]
-    evaluate.py          bits per byte on held-out text                                           [02]
-    attention_maps.py    attention weights recomputed from a layer's own weights                  [03]
-    generate.py          prefill / decode_one_token / generate (the one decode loop), and
-                         generate_without_cache                                                   [04]
+    train_tokenizer.py   python -m helpers.train_tokenizer: the BPE vocabulary from the corpus    [01]
+    generate.py          prefill / decode_one_token / generate (the one decode loop),
+                         generate_without_cache, generate_sliding_window                          [04, 05]
     stopping.py          stop conditions: end-of-text, stop sequences and strings, loops          [04]
     kv_cache.py          preallocated key/value buffers written by position                       [05]
     sliding_window.py    a rolling KV cache; SinkKVCache keeps attention sinks                    [05, 08]
-    paged_kv.py          contiguous vs paged KV allocation, simulated                             [05]
-    diagrams.py          concept diagrams (the cache growing step by step)                        [05]
-    flops.py             parameter, FLOP and byte counts from a config                            [06]
-    roofline.py          measured peak FLOP/s and memory bandwidth                                [06]
-    profiling.py         one decode step under torch.profiler: op counts, matmul share            [07]
     fast_decode.py       a compiled, static-shape decode step (CUDA graphs on a GPU)              [07]
     export_gguf.py       python -m helpers.export_gguf: the course model as a GGUF file           [07]
     int8_kv.py           a KV cache stored as int8 codes, one scale per token and KV head         [08]
     sampling.py          logits -> token: temperature, top-k, top-p, min-p, penalties            [09]
-    widgets.py           the sampling panel (sliders over the real model)                         [09]
     beam_search.py       beam search with length penalty and early stopping, equal to HF's        [10]
     regex_automaton.py   regular expressions -> a byte-level automaton                            [10]
     grammar.py           automaton -> per-state token masks; GrammarProcessor for generate        [10]
     quantize.py          int8 / int4 by hand, and linear layers on torch's real kernels           [11]
     speculative.py       speculative sampling with a draft model or prompt lookup                 [12]
-    diagrams_speculative.py  one speculative round, drawn                                        [12]
     serving/             continuous batching: paged KV blocks, scheduler, prefix caching,
                          chunked prefill, the engine; and the OpenAI-compatible server           [13, 14]
     serving/__main__.py  python -m helpers.serving: the course model behind OpenAI's API          [14]
-    tensor_parallel.py   Megatron-style tensor parallelism over torch.distributed                 [15]
-    pipeline_parallel.py layers split across ranks, sequences in flight                          [15]
-    interconnect.py      published link and memory figures, the all-reduce cost model            [15]
-    workers.py           worker processes joined by gloo on loopback, bounded, stopped by PID     [15]
-    exercises/           the exercise checks, one module per chapter (solutions: notebooks/solutions/)
-    bench.py             python -m helpers.bench: every speed claim as a measured ratio           [BENCHMARKS.md]
-    device.py            device choice and honest timing
-    notebook.py          the first cell of every notebook
-    plotting.py          one figure style, saved to figures/ (or .cache/figures/ for a learner's runs)
-    progress.py          progress bars whose stored notebook text is the finished bar
     hf.py                conversion to HuggingFace LlamaForCausalLM (a test oracle)
+Shared by all of them:
+    paths.py             where every file lives: checkpoints, data, figures, the caches
+    device.py            device choice, and waiting for it before a clock is read
+    progress.py          progress bars whose stored notebook text is the finished bar
+    bench.py             python -m helpers.bench: every speed claim as a measured ratio           [BENCHMARKS.md]
+Three wings, each a folder with its own map in its __init__.py:
+    measure/             timing (every timer), flops (counts from a config), roofline (measured
+                         ceilings), profiling, evaluate (bits per byte)                           [02, 06, 07]
+    parallel/            tensor and pipeline parallelism, the interconnect model, worker processes [15]
+    course/              what the notebooks teach with: notebook setup, plotting, widgets, diagrams,
+                         layer and attention maps, chapter 05's allocation simulator, exercises/
+
+How the modules depend on each other (A above B when A imports B; nothing imports upwards, no cycles).
+Counting each folder as one unit, the package and scripts/ make 31 units on 6 levels joined by 97 imports:
+    level 1  model (it states the cache contract), tokenizer, sampling, stopping, regex_automaton,
+             device, progress, paths: import nothing of the package
+    level 2  kv_cache, sliding_window, checkpoint, data, quantize, grammar, hf, measure/
+    level 3  generate, int8_kv, train, train_tokenizer, export_gguf, parallel/
+    level 4  fast_decode, beam_search, token_healing, serving/, this file
+    level 5  speculative, course/, scripts/
+    level 6  bench.py (860 lines, the largest module): it times everything below it
+Inside the wings: course/ has one import between its modules (notebook setup uses plotting's style),
+parallel/ two (both parallel schemes load their model through workers), measure/ none.
 """
 from .checkpoint import load_model, load_tokenizer
 from .device import default_device

@@ -19,11 +19,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .model import ModelConfig, Transformer
+from .paths import CHECKPOINTS
 from .tokenizer import Tokenizer
 
-CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
-MANIFEST = CHECKPOINT_DIR / "MANIFEST.json"
-TOKENIZER_FILE = CHECKPOINT_DIR / "tokenizer.json"
+MANIFEST = CHECKPOINTS / "MANIFEST.json"
+TOKENIZER_FILE = CHECKPOINTS / "tokenizer.json"
 FORMAT = "llm-inference-executed/1"
 TIED = "head.weight"  # the output head shares the embedding matrix; stored once
 
@@ -54,7 +54,7 @@ def _regenerate_hint(name: str) -> str:
 
 def verified_path(name: str, path: Path | None = None) -> Path:
     """The checkpoint file for `name`, after checking it exists and matches the manifest's sha256."""
-    path = Path(path) if path is not None else CHECKPOINT_DIR / f"{name}.safetensors"
+    path = Path(path) if path is not None else CHECKPOINTS / f"{name}.safetensors"
     if not path.exists():
         raise CheckpointError(f"checkpoint file {path} is missing. Regenerate it with: {_regenerate_hint(name)}")
     expected = read_manifest().get(name, {}).get("sha256")

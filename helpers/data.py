@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-CACHE_DIR = REPO / ".cache"
-VALIDATION_FILE = REPO / "data" / "validation.txt.gz"
+from .paths import CACHE, DATA, REPO
+
+VALIDATION_FILE = DATA / "validation.txt.gz"
 
 # Left out: vendored packages, and files that are data rather than code (character-map tables in
 # encodings/, the pydoc topic dump, the build configuration dump).
@@ -116,14 +116,14 @@ def token_cache(tokenizer, split: str, tokenizer_sha256: str) -> tuple[np.ndarra
     """Token ids and byte count of a split, cached on disk (keyed by corpus and tokenizer)."""
     files = list_corpus_files()
     key = f"{corpus_fingerprint(files)['sha256'][:16]}-{tokenizer_sha256[:16]}-{split}"
-    path = CACHE_DIR / f"tokens-{key}.npy"
+    path = CACHE / f"tokens-{key}.npy"
     meta = path.with_suffix(".json")
     if path.exists() and meta.exists():
         return np.load(path), json.loads(meta.read_text())["bytes"]
     docs = read_split(split)
     ids = encode_documents(tokenizer, docs)
     n_bytes = sum(len(d.encode("utf-8", errors="surrogateescape")) for d in docs)
-    CACHE_DIR.mkdir(exist_ok=True)
+    CACHE.mkdir(exist_ok=True)
     np.save(path, ids)
     meta.write_text(json.dumps({"bytes": n_bytes, "tokens": int(len(ids))}))
     return ids, n_bytes

@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-OUT_DIR = REPO / ".cache" / "gguf"
+from .paths import GGUF
+
 FILE_TYPES = ("f32", "f16", "q8_0", "q4_0")
 
 
@@ -164,7 +164,7 @@ def read_gguf_tensors(path) -> dict[str, np.ndarray]:
 
 
 def default_path(name: str, file_type: str = "f32") -> Path:
-    return OUT_DIR / f"{name}-{file_type}.gguf"
+    return GGUF / f"{name}-{file_type}.gguf"
 
 
 def main(argv=None) -> Path:

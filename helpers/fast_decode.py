@@ -99,10 +99,9 @@ from .generate import _setup
 from .generate import generate as generate_loop
 from .kv_cache import KVCache
 from .model import Attention
+from .paths import INDUCTOR_CACHE
 from .sampling import SamplingConfig
 from .stopping import stop_checker
-
-_REPO_CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache", "inductor")
 
 
 def inductor_cache_dir() -> str:
@@ -115,7 +114,7 @@ def inductor_cache_dir() -> str:
     not been declared"); with a fresh folder each setting compiled and gave generate's tokens. The same
     would happen to a folder shared by machines with different CPUs (a network home directory, a CI cache).
     The tests and scripts/run_notebooks.py use this folder too; TORCHINDUCTOR_CACHE_DIR, when set, wins."""
-    return os.path.join(_REPO_CACHE, torch.backends.cpu.get_cpu_capability().lower())
+    return str(INDUCTOR_CACHE / torch.backends.cpu.get_cpu_capability().lower())
 
 
 # torch._dynamo fixes the cache folder when it is first imported (the system temp folder, unless the variable

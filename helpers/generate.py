@@ -4,6 +4,7 @@
     decode_one_token(model, token, cache)  one new token against the cache; writes one slot
     generate(model, prompt, n, ...)        prefill once, then decode n-1 times, picking each token with sampling.py
     generate_without_cache(...)            the naive loop: re-run the whole sequence every step (for comparison)
+    generate_sliding_window(...)           generate() on a rolling cache of the last `window` positions (chapter 05)
 
 Both loops give identical tokens (the tests check it); the cached one does O(1) new work per step
 instead of reprocessing the whole prefix.
@@ -11,7 +12,7 @@ instead of reprocessing the whole prefix.
 Stop conditions: `max_new_tokens`, an end-of-text id (`eos_id`), stop sequences (lists of ids), and
 `stop_criteria`: callables `criterion(generated_ids) -> bool` such as stopping.py's loop detector and
 text-level stop strings. Generation past the context window raises a ValueError; it never silently
-truncates (sliding_window.py offers an explicit alternative).
+truncates (generate_sliding_window is the explicit alternative).
 
 Out of scope: batching requests of different lengths (continuous batching), beam search.
 """
@@ -19,9 +20,10 @@ from __future__ import annotations
 
 import torch
 
-from .kv_cache import KVCache, check_cache
-from .model import check_token_ids
+from .kv_cache import KVCache
+from .model import check_cache, check_token_ids
 from .sampling import SamplingConfig, check_generator, next_token
+from .sliding_window import RollingKVCache
 from .stopping import StopChecker, stop_checker  # noqa: F401  (StopChecker: re-exported)
 
 
@@ -199,3 +201,13 @@ def generate_without_cache(model, prompt, max_new_tokens: int, *, temperature: f
     if bar is not None:
         bar.close()
     return seq
+
+
+def generate_sliding_window(model, prompt, max_new_tokens: int, window: int, **generate_kwargs) -> torch.Tensor:
+    """generate() on a RollingKVCache of `window` slots: every token attends only to the last `window`
+    positions. Returns (B, T + n_new) ids, the same as running the model without a cache with
+    attn_window=window; takes every keyword of generate() (sampling, stop conditions, logits processors,
+    progress) except `cache` and `step`. Positions are still limited by the context window."""
+    prompt = as_prompt_tensor(prompt, model)  # (B, T); generate() checks everything else
+    cache = RollingKVCache.for_model(model, window, batch_size=prompt.shape[0])  # checks `window`
+    return generate(model, prompt, max_new_tokens, cache=cache, **generate_kwargs)

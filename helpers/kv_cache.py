@@ -14,7 +14,7 @@ cost is known before the first token: `nbytes` is 2 * layers * batch * kv_heads 
 head_dim * bytes per element.
 
 A cache remembers what it was built for (`KVCache.for_model` records the model's ModelConfig), and
-the model refuses a cache built for another one (`check_cache`): with a different layout the error
+the model refuses a cache built for another one (`model.check_cache`): with a different layout the error
 would come from deep inside torch, and with the same layout it would silently attend to another
 model's keys.
 
@@ -23,6 +23,8 @@ Out of scope: paged allocation and sliding-window eviction (chapter 05 builds bo
 from __future__ import annotations
 
 import torch
+
+from .model import check_cache_size
 
 
 class LayerCache:
@@ -38,46 +40,6 @@ class LayerCache:
         self.k[:, :, start_pos:end] = k_new
         self.v[:, :, start_pos:end] = v_new
         return self.k[:, :, :end], self.v[:, :, :end]  # (B, Hkv, end, D) views, no copy
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _layout(n_layers, n_kv_heads, head_dim, dtype, device) -> str:
-    return f"layers={n_layers}, kv_heads={n_kv_heads}, head_dim={head_dim}, dtype={dtype}, device={device}"
-
-
-def check_cache(cache, model) -> None:
-    """Raise a ValueError naming `cache` unless it was built for `model`: the same number of layers, KV heads,
-    head dim, dtype and device, and, if it recorded the config it was built for (`for_model` does), the same
-    ModelConfig. Works for any cache with a (L, B, Hkv, S, D) tensor `k` (KVCache, RollingKVCache)."""
-    if not isinstance(getattr(cache, "k", None), torch.Tensor) or not hasattr(cache, "layer"):
-        raise ValueError(f"cache must be a KVCache (KVCache.for_model(model, ...)); got {type(cache).__name__}")
-    cfg = model.cfg
-    L, _, Hkv, _, D = cache.k.shape
-    have = (L, Hkv, D, cache.k.dtype, cache.k.device)
-    need = (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, model.dtype, model.device)
-    if have != need:
-        raise ValueError(f"cache was built for another model ({_layout(*have)}); this model needs "
-                         f"{_layout(*need)}: build its cache with KVCache.for_model(model, ...)")
-    built_for = getattr(cache, "model_cfg", None)
-    if built_for is not None and built_for is not cfg and built_for != cfg:
-        differ = [k for k, v in cfg.to_dict().items() if built_for.to_dict()[k] != v]
-        raise ValueError(f"cache was built for another model (its ModelConfig differs in {', '.join(differ)}): "
-                         f"build its cache with KVCache.for_model(model, ...)")
-
-
-def check_cache_size(cfg, batch_size, max_seq_len) -> int:
-    """Validate a cache's batch size and length against the model config; returns max_seq_len (the context
-    window when None). Shared by every cache built for a model."""
-    max_seq_len = cfg.max_seq_len if max_seq_len is None else max_seq_len
-    if not _is_int(max_seq_len) or not 1 <= max_seq_len <= cfg.max_seq_len:
-        raise ValueError(f"max_seq_len must be in [1, {cfg.max_seq_len}] (the model's context window); "
-                         f"got {max_seq_len!r}")
-    if not _is_int(batch_size) or batch_size < 1:
-        raise ValueError(f"batch_size must be an int >= 1; got {batch_size!r}")
-    return max_seq_len
 
 
 class PositionalCache:

@@ -25,8 +25,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .kv_cache import check_cache
-
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -276,7 +274,7 @@ class Transformer(nn.Module):
                 last_only: bool = False, check: bool = True, causal: bool = True, input_pos=None):
         """Logits for every position of `idx` (B, T) -> (B, T, vocab_size).
 
-        cache:       a KVCache built for this model (checked: kv_cache.check_cache); the T tokens are placed
+        cache:       a KVCache built for this model (checked: check_cache, below); the T tokens are placed
                      at positions start_pos .. start_pos+T-1 (start_pos defaults to the number already cached).
         attn_window: attend only to the last `attn_window` positions (sliding-window attention). A cache
                      whose slots imply a window (sliding_window.RollingKVCache: its `attn_window`) supplies
@@ -361,3 +359,49 @@ def check_token_ids(idx, vocab_size: int, name: str = "idx", check_range: bool =
     lo, hi = int(idx.min()), int(idx.max())
     if lo < 0 or hi >= vocab_size:
         raise ValueError(f"{name}: token ids must be in [0, {vocab_size - 1}]; got values in [{lo}, {hi}]")
+
+
+# ----------------------------------------------------------------------------------------------
+# What a cache must be for this model. The model states the contract and every cache class (kv_cache.py,
+# int8_kv.py, sliding_window.py) implements it, so the caches import from here, never the reverse.
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _layout(n_layers, n_kv_heads, head_dim, dtype, device) -> str:
+    return f"layers={n_layers}, kv_heads={n_kv_heads}, head_dim={head_dim}, dtype={dtype}, device={device}"
+
+
+def check_cache(cache, model) -> None:
+    """The cache contract, as the model sees it: raise a ValueError naming `cache` unless it was built for
+    `model`: the same number of layers, KV heads, head dim, dtype and device, and, if it recorded the config it
+    was built for (`for_model` does), the same ModelConfig. Works for any cache with a (L, B, Hkv, S, D) tensor
+    `k` and a `layer(i)` view (KVCache, Int8KVCache, RollingKVCache, SinkKVCache)."""
+    if not isinstance(getattr(cache, "k", None), torch.Tensor) or not hasattr(cache, "layer"):
+        raise ValueError(f"cache must be a KVCache (KVCache.for_model(model, ...)); got {type(cache).__name__}")
+    cfg = model.cfg
+    L, _, Hkv, _, D = cache.k.shape
+    have = (L, Hkv, D, cache.k.dtype, cache.k.device)
+    need = (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, model.dtype, model.device)
+    if have != need:
+        raise ValueError(f"cache was built for another model ({_layout(*have)}); this model needs "
+                         f"{_layout(*need)}: build its cache with KVCache.for_model(model, ...)")
+    built_for = getattr(cache, "model_cfg", None)
+    if built_for is not None and built_for is not cfg and built_for != cfg:
+        differ = [k for k, v in cfg.to_dict().items() if built_for.to_dict()[k] != v]
+        raise ValueError(f"cache was built for another model (its ModelConfig differs in {', '.join(differ)}): "
+                         f"build its cache with KVCache.for_model(model, ...)")
+
+
+def check_cache_size(cfg, batch_size, max_seq_len) -> int:
+    """Validate a cache's batch size and length against the model config; returns max_seq_len (the context
+    window when None). Shared by every cache built for a model."""
+    max_seq_len = cfg.max_seq_len if max_seq_len is None else max_seq_len
+    if not _is_int(max_seq_len) or not 1 <= max_seq_len <= cfg.max_seq_len:
+        raise ValueError(f"max_seq_len must be in [1, {cfg.max_seq_len}] (the model's context window); "
+                         f"got {max_seq_len!r}")
+    if not _is_int(batch_size) or batch_size < 1:
+        raise ValueError(f"batch_size must be an int >= 1; got {batch_size!r}")
+    return max_seq_len

@@ -8,7 +8,7 @@ the tests check that the two agree.
 
     cache = RollingKVCache.for_model(model, window=64)
     logits = model(idx, cache=cache)                  # the window comes from the cache (cache.attn_window)
-    ids = generate_sliding_window(model, prompt, max_new_tokens=100, window=64)   # generate() on such a cache
+    ids = generate_sliding_window(model, prompt, max_new_tokens=100, window=64)   # generate.py: generate() on one
 
 Why slot order does not matter for one new token: each key carries its position inside it (the
 rotary embedding rotated it when it was written), and attention is a weighted sum over a *set* of
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import torch
 
-from .generate import as_prompt_tensor, generate
 from .model import apply_rope
 
 
@@ -92,7 +91,7 @@ class RollingKVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.window, self.batch_size, self.max_seq_len = window, batch_size, max_seq_len
-        self.model_cfg = model_cfg  # the ModelConfig it was built for, as in KVCache (kv_cache.check_cache)
+        self.model_cfg = model_cfg  # the ModelConfig it was built for, as in KVCache (model.check_cache)
         self.length = 0
         self._layers = [RollingLayerCache(self, self.k[i], self.v[i]) for i in range(n_layers)]
 
@@ -123,16 +122,6 @@ class RollingKVCache:
         L, B, Hkv, W, D = self.k.shape
         return (f"RollingKVCache(layers={L}, batch={B}, kv_heads={Hkv}, window={W}, head_dim={D}, "
                 f"dtype={self.k.dtype}, length={self.length}, nbytes={self.nbytes:,})")
-
-
-def generate_sliding_window(model, prompt, max_new_tokens: int, window: int, **generate_kwargs) -> torch.Tensor:
-    """generate() on a RollingKVCache of `window` slots: every token attends only to the last `window`
-    positions. Returns (B, T + n_new) ids, the same as running the model without a cache with
-    attn_window=window; takes every keyword of generate() (sampling, stop conditions, logits processors,
-    progress) except `cache` and `step`. Positions are still limited by the context window."""
-    prompt = as_prompt_tensor(prompt, model)  # (B, T); generate() checks everything else
-    cache = RollingKVCache.for_model(model, window, batch_size=prompt.shape[0])  # checks `window`
-    return generate(model, prompt, max_new_tokens, cache=cache, **generate_kwargs)
 
 
 class SinkLayerCache:
@@ -194,7 +183,7 @@ class SinkKVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.rope_cos, self.rope_sin = rope_cos, rope_sin  # (max_seq_len, D): the model's own tables
         self.batch_size, self.max_seq_len = batch_size, max_seq_len
-        self.model_cfg = model_cfg  # see kv_cache.check_cache
+        self.model_cfg = model_cfg  # see model.check_cache
         self.seen = 0
         self._layers = [SinkLayerCache(self, self.k[i], self.v[i]) for i in range(n_layers)]
 

@@ -28,13 +28,12 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from . import data
-from .checkpoint import CHECKPOINT_DIR, MANIFEST, TOKENIZER_FILE, model_from_file, save_checkpoint, sha256_file
+from .checkpoint import MANIFEST, TOKENIZER_FILE, model_from_file, save_checkpoint, sha256_file
 from .device import default_device
-from .evaluate import bits_per_byte
+from .measure.evaluate import bits_per_byte
 from .model import ModelConfig, Transformer
+from .paths import CHECKPOINTS, RUNS
 from .tokenizer import Tokenizer
-
-RUNS = data.REPO / "runs"
 
 
 def lr_at(step: int, total: int, peak: float, warmup: int, final_frac: float = 0.1) -> float:
@@ -196,7 +195,7 @@ def main(argv=None):
 
     teacher = None
     if args.teacher:
-        teacher = model_from_file(CHECKPOINT_DIR / f"{args.teacher}.safetensors", device=device)
+        teacher = model_from_file(CHECKPOINTS / f"{args.teacher}.safetensors", device=device)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast(
         "cpu", enabled=False)
     print(f"{cfg}\nparameters {model.num_parameters():,}; {total_steps} steps of {tokens_per_step} tokens")
@@ -246,7 +245,7 @@ def main(argv=None):
 
 def export(model, tok, val_ids, args, fingerprint, steps, tokens_seen, history, seq_len, argv, train_tokens):
     """Round the weights to the stored float16, measure them on all validation text, write the file."""
-    path = CHECKPOINT_DIR / f"{args.export}.safetensors"
+    path = CHECKPOINTS / f"{args.export}.safetensors"
     model = model.to("cpu", torch.float16).to(torch.float32).eval()  # exactly what will be loaded
     val = bits_per_byte(model, tok, val_ids, seq_len=seq_len, progress=True)
     record = {"preset": args.preset, "parameters": model.num_parameters(), "corpus": fingerprint,

@@ -22,7 +22,9 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout's helpers/, however it is installed
+from helpers.paths import COMMITTED_FIGURES, REPO  # noqa: E402
+
 NOTEBOOKS = REPO / "notebooks"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
@@ -43,13 +45,13 @@ def clean(nb) -> None:
 
 
 def run(path: Path, timeout: int = 900) -> float:
-    sys.path.insert(0, str(REPO))
     from helpers.fast_decode import inductor_cache_dir  # one folder per instruction set (its docstring says why)
 
     nb = nbformat.read(path, as_version=4)
     env_overrides = {"PYTHONHASHSEED": "0", "CUDA_VISIBLE_DEVICES": "", "LLM_COURSE_DEVICE": "cpu",
                      "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir(),
-                     "LLM_COURSE_FIGURES": str(REPO / "figures")}  # the committed figures, whatever the caller set
+                     "LLM_COURSE_FIGURES": str(COMMITTED_FIGURES),  # the committed figures, whatever the caller set
+                     "LLM_COURSE_CHECK_FIGURES": "1"}  # refuse a figure whose labels collide (course/figure_check.py)
     old = {k: os.environ.get(k) for k in env_overrides}
     os.environ.update(env_overrides)
     try:

@@ -5,7 +5,7 @@ import pytest
 import torch
 from conftest import random_model
 
-from helpers.attention_maps import attention_by_hand, capture_attention
+from helpers.course.attention_maps import attention_by_hand, capture_attention
 from helpers.hf import to_hf_llama
 from helpers.model import ModelConfig
 

@@ -27,9 +27,10 @@ from urllib.parse import urlparse
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from helpers.paths import REPO, figures_dir
+
 NOTEBOOK = REPO / "notebooks" / "09_sampling.ipynb"
-SCREENSHOT = Path(os.environ.get("LLM_COURSE_FIGURES") or REPO / ".cache" / "figures") / "09_browser_sampling.png"
+SCREENSHOT = figures_dir() / "09_browser_sampling.png"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 RUN_ALL_TIMEOUT_S = 420  # the notebook takes well under a minute on a quiet machine; shared CI machines are not quiet

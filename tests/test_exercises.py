@@ -1,7 +1,7 @@
 """The exercise check: not attempted, right, wrong, and an answer of the wrong kind."""
 import pytest
 
-from helpers.exercises import ExerciseNotRight, exercise
+from helpers.course.exercises import ExerciseNotRight, exercise
 
 
 def test_not_attempted_prints_and_does_not_fail(capsys):

@@ -12,6 +12,7 @@ from helpers.fast_decode import FastGenerator, compile_available
 from helpers.generate import generate, prefill
 from helpers.kv_cache import KVCache
 from helpers.model import ModelConfig, attention_as_sums
+from helpers.paths import INDUCTOR_CACHE, REPO
 
 CFG = ModelConfig.from_preset("tiny", max_seq_len=256)
 
@@ -221,7 +222,7 @@ def test_attention_as_sums_matches_sdpa(H, Hkv, T):
 
 @pytest.mark.skipif(not compile_available(), reason="torch.compile needs a C++ compiler on the CPU")
 def test_compiled_cpu_step_attends_without_torchs_attention_kernel(model):
-    from helpers.profiling import profile_step
+    from helpers.measure.profiling import profile_step
 
     prompt = [2, 7, 1, 8]
     ref = generate(model, prompt, 40)
@@ -249,10 +250,10 @@ def test_inductor_cache_is_kept_per_instruction_set(capability):
     env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"} | {"ATEN_CPU_CAPABILITY": capability}
     out = subprocess.run([sys.executable, "-c", "from helpers.fast_decode import inductor_cache_dir as d; print(d())"],
                          env=env, capture_output=True, text=True, check=True,
-                         cwd=os.path.dirname(os.path.dirname(fast_decode._REPO_CACHE)))
+                         cwd=REPO)
     folder = out.stdout.strip()
     assert os.path.basename(folder) == capability
-    assert os.path.dirname(folder) == fast_decode._REPO_CACHE
+    assert os.path.dirname(folder) == str(INDUCTOR_CACHE)
 
 
 @pytest.mark.skipif(not compile_available(), reason="torch.compile needs a C++ compiler on the CPU")
@@ -346,7 +347,7 @@ def test_frozen_step_from_the_cache_reads_its_own_weights(tmp_path):
     import subprocess
     import sys
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = str(REPO)
     env = os.environ | {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "PYTHONPATH": root}
     results = []
     for seed in (1, 2):

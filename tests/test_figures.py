@@ -1,6 +1,6 @@
 """Every committed figure is the very image stored in its notebook's output, byte for byte.
 
-scripts/run_notebooks.py writes outputs and figures in one run, and helpers.plotting.save_figure
+scripts/run_notebooks.py writes outputs and figures in one run, and helpers.course.plotting.save_figure
 displays the PNG file it wrote, so a notebook and figures/ can only disagree when one of them was
 regenerated without the other. Figures made outside the notebooks (the bench's, the browser test's
 screenshot) are left out."""
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from helpers.paths import REPO
+
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 NOT_FROM_NOTEBOOKS = ("bench_",)
 SAVED = re.compile(r"save_figure\([^\n]*?,\s*[\"']([\w.-]+)[\"']")
@@ -51,3 +52,29 @@ def test_every_figure_comes_from_a_notebook():
     saved = {name for nb in NOTEBOOKS for name in saved_names(nb)}
     figures = {p.stem for p in (REPO / "figures").glob("*.png") if not p.name.startswith(NOT_FROM_NOTEBOOKS)}
     assert figures - saved == set(), "figures no notebook saves (stale files?)"
+
+
+def test_figure_check_finds_overlapping_and_escaping_labels():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from helpers.course.figure_check import FigureTextError, check_figure_text, text_problems
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0, 1])
+    ax.set_title("fine")
+    assert text_problems(fig) == []
+    check_figure_text(fig, "fine")  # no collision: no error
+    ax.text(0.5, 0.5, "hello")
+    ax.text(0.51, 0.5, "world")  # drawn over "hello"
+    ax.annotate("outside", (1.2, 0.5))  # past the right edge of the axes
+    ax.set_xticks([i / 100 for i in range(60)])  # 60 tick labels in one axes width run together
+    problems = text_problems(fig)
+    assert "text 'hello' overlaps text 'world'" in problems
+    assert "text 'outside' leaves its axes" in problems
+    assert any(p.startswith("tick label") and "overlaps tick label" in p for p in problems)
+    with pytest.raises(FigureTextError, match="figure 'crowded'"):
+        check_figure_text(fig, "crowded")
+    plt.close(fig)

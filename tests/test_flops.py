@@ -1,4 +1,4 @@
-"""helpers.flops against the real thing: counted parameters, torch's FlopCounterMode, the tensors
+"""helpers.measure.flops against the real thing: counted parameters, torch's FlopCounterMode, the tensors
 autograd saves, the allocated KV cache. All counts are integers and must agree exactly."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 from torch.utils.flop_counter import FlopCounterMode
 
 from helpers import KVCache, ModelConfig, Transformer
-from helpers.flops import (
+from helpers.measure.flops import (
     activation_bytes,
     arithmetic_intensity,
     attention_flops,

@@ -10,11 +10,11 @@ import torch
 from conftest import random_model
 
 from helpers.fast_decode import FastGenerator
-from helpers.generate import decode_one_token, generate, generate_without_cache, prefill
+from helpers.generate import decode_one_token, generate, generate_sliding_window, generate_without_cache, prefill
 from helpers.kv_cache import KVCache
 from helpers.model import ModelConfig
 from helpers.sampling import SamplingConfig, next_token, probabilities
-from helpers.sliding_window import RollingKVCache, generate_sliding_window
+from helpers.sliding_window import RollingKVCache
 from helpers.speculative import prompt_lookup_generate, speculative_generate
 from helpers.tokenizer import Tokenizer
 

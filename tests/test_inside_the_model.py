@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from helpers.exercises import ExerciseNotRight, ch01
-from helpers.layer_map import draw_layer_map, layer_map_steps
+from helpers.course.exercises import ExerciseNotRight, ch01
+from helpers.course.layer_map import draw_layer_map, layer_map_steps
 from helpers.model import ModelConfig
 
 

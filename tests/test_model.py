@@ -136,7 +136,7 @@ def test_sliding_window_attention_matches_truncated_context():
 
 
 def test_parameter_count_matches_formula():
-    from helpers.flops import parameter_count
+    from helpers.measure.flops import parameter_count
 
     for cfg in CONFIGS.values():
         assert random_model(cfg).num_parameters() == parameter_count(cfg)

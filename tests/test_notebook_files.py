@@ -4,11 +4,12 @@ without volatile metadata (cell timings, widget state)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+from helpers.paths import REPO
+
+NOTEBOOKS = REPO / "notebooks"
 ALL = sorted(NOTEBOOKS.glob("*.ipynb")) + sorted(NOTEBOOKS.glob("solutions/*.ipynb"))
 
 

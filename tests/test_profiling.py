@@ -1,4 +1,4 @@
-"""helpers.profiling: torch calls counted from Python, and the profiler's operator counts and times."""
+"""helpers.measure.profiling: torch calls counted from Python, and the profiler's operator counts and times."""
 from __future__ import annotations
 
 import pytest
@@ -7,8 +7,8 @@ from conftest import random_model
 
 from helpers.generate import decode_one_token, prefill
 from helpers.kv_cache import KVCache
+from helpers.measure.profiling import count_torch_calls, profile_step
 from helpers.model import ModelConfig
-from helpers.profiling import count_torch_calls, profile_step
 
 
 def _step(n_layers):

@@ -285,11 +285,11 @@ def test_dynamic_int8_is_exact_on_a_saturating_kernel():
     import os
     import subprocess
     import sys
-    from pathlib import Path
+
+    from helpers.paths import REPO
 
     env = {**os.environ, "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"}
-    tests = Path(__file__).resolve().parent
-    env["PYTHONPATH"] = os.pathsep.join([str(tests), str(tests.parent), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), str(REPO), env.get("PYTHONPATH", "")])
     run = subprocess.run([sys.executable, "-c", SATURATING_CHECK], env=env, capture_output=True, text=True,
                          timeout=120)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]

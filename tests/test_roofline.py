@@ -1,4 +1,4 @@
-"""helpers.roofline: the roofline arithmetic exactly, the measurements for sanity (positive, median,
+"""helpers.measure.roofline: the roofline arithmetic exactly, the measurements for sanity (positive, median,
 work counted by the stated convention), and bad arguments."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.roofline import (
+from helpers.measure.roofline import (
     Rate,
     attainable_flops,
     bandwidth_bound_tokens_per_s,

@@ -259,7 +259,7 @@ def test_static_batching_pads_to_the_longest(model_and_prompts):
 
 
 def test_exercise_checks_accept_the_worked_answers():
-    from helpers.exercises import ch13
+    from helpers.course.exercises import ch13
     ch13.check_1(4)  # a wrong answer raises ExerciseNotRight
     ch13.check_2(1 - 97 / 160)
     ch13.check_3(32)

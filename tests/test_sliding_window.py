@@ -5,10 +5,10 @@ import pytest
 import torch
 from conftest import random_model
 
-from helpers.generate import generate
+from helpers.generate import generate, generate_sliding_window
 from helpers.kv_cache import KVCache
 from helpers.model import ModelConfig
-from helpers.sliding_window import RollingKVCache, SinkKVCache, generate_sliding_window
+from helpers.sliding_window import RollingKVCache, SinkKVCache
 
 CONFIGS = {name: ModelConfig.from_preset("tiny", n_kv_heads=h, max_seq_len=256)
            for name, h in [("mha", 4), ("gqa", 2), ("mqa", 1)]}

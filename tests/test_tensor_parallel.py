@@ -17,11 +17,11 @@ import pytest
 import torch
 
 from helpers import KVCache, generate, load_model
-from helpers.flops import kv_cache_bytes
-from helpers.interconnect import GPUS, LINKS, LLAMA3_70B, decode_step_budget, ring_allreduce_seconds
+from helpers.measure.flops import kv_cache_bytes
 from helpers.model import ModelConfig, Transformer
-from helpers.pipeline_parallel import pipeline_greedy_task, stage_layers
-from helpers.tensor_parallel import (
+from helpers.parallel.interconnect import GPUS, LINKS, LLAMA3_70B, decode_step_budget, ring_allreduce_seconds
+from helpers.parallel.pipeline_parallel import pipeline_greedy_task, stage_layers
+from helpers.parallel.tensor_parallel import (
     TensorParallelTransformer,
     allreduce_bytes_per_token_per_layer,
     check_tp_size,
@@ -32,7 +32,7 @@ from helpers.tensor_parallel import (
     tp_greedy_task,
     tp_kv_cache_bytes,
 )
-from helpers.workers import WorkerError, WorkerGroup
+from helpers.parallel.workers import WorkerError, WorkerGroup
 
 TINY = ModelConfig.from_preset("tiny")  # 4 heads, 2 kv heads, d_ff 128
 

@@ -85,20 +85,20 @@ def test_shipped_models_load(shipped):
 
 
 def test_missing_checkpoint_names_file_and_command(tmp_path, monkeypatch):
-    monkeypatch.setattr(checkpoint, "CHECKPOINT_DIR", tmp_path)
+    monkeypatch.setattr(checkpoint, "CHECKPOINTS", tmp_path)
     msg = r"target\.safetensors is missing\. Regenerate it with: python -m helpers\.train"
     with pytest.raises(CheckpointError, match=msg):
         checkpoint.load_model("target", device="cpu")
 
 
 def test_corrupt_checkpoint_is_refused(tmp_path, monkeypatch):
-    src = checkpoint.CHECKPOINT_DIR / "draft.safetensors"
+    src = checkpoint.CHECKPOINTS / "draft.safetensors"
     bad = tmp_path / "draft.safetensors"
     shutil.copy(src, bad)
     data = bytearray(bad.read_bytes())
     data[-10] ^= 0xFF  # flip bits in one weight
     bad.write_bytes(bytes(data))
-    monkeypatch.setattr(checkpoint, "CHECKPOINT_DIR", tmp_path)
+    monkeypatch.setattr(checkpoint, "CHECKPOINTS", tmp_path)
     with pytest.raises(CheckpointError, match=r"draft\.safetensors is corrupt or was changed: its sha256 is"):
         checkpoint.load_model("draft", device="cpu")
 

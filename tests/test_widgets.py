@@ -5,7 +5,7 @@ import struct
 import ipywidgets  # noqa: F401  (a hard requirement: without it the test fails, never skips)
 
 from helpers import load_model  # noqa: E402
-from helpers.widgets import PANEL_DPI, PANEL_FIGSIZE, sampling_panel  # noqa: E402
+from helpers.course.widgets import PANEL_DPI, PANEL_FIGSIZE, sampling_panel  # noqa: E402
 
 
 def png_size(data: bytes) -> tuple[int, int]:

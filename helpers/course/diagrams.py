@@ -1,0 +1,135 @@
+"""Concept diagrams drawn with matplotlib (reproducible, saved to figures/ by the notebook).
+
+    from helpers.course.diagrams import kv_cache_growth, draw_speculative_round
+    fig = kv_cache_growth(["<bos>", "def", " f", "(x", "):", "\\n   ", " return"], n_prompt=4)   # chapter 05
+    save_figure(draw_speculative_round(), "12_one_round")                                      # chapter 12
+
+`kv_cache_growth`: the cache step by step. `draw_speculative_round`: one round of speculative decoding as a
+schematic (token names, not model output): the draft proposes gamma tokens one cheap step at a time, the
+target scores all of them in one pass, proposals are accepted left to right until the first rejection, which
+is replaced by a draw from the residual; later proposals are thrown away.
+
+Left out: anything measured. These pictures show a mechanism, never a number (chapter 12's section 3
+computes the probabilities the round diagram leaves out).
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+from matplotlib.patches import FancyArrowPatch, Rectangle
+
+__all__ = ["kv_cache_growth", "draw_speculative_round"]
+
+
+def kv_cache_growth(tokens: list[str], n_prompt: int, n_steps: int | None = None):
+    """The KV cache step by step: the prefill writes keys and values for the whole prompt, then each
+    decode step writes one position. In every step the query of the *last token fed in* attends over
+    all cached keys and predicts the token after it. `tokens` holds the prompt then the generated
+    tokens (as strings); returns the figure."""
+    if not 1 <= n_prompt < len(tokens):
+        raise ValueError(f"n_prompt must be between 1 and len(tokens) - 1 = {len(tokens) - 1}, got {n_prompt}")
+    n_steps = n_steps or len(tokens) - n_prompt
+    if not 1 <= n_steps <= len(tokens) - n_prompt:
+        raise ValueError(f"n_steps must be between 1 and {len(tokens) - n_prompt}, got {n_steps}")
+    width = n_prompt + n_steps
+    fig, axes = plt.subplots(n_steps, 1, figsize=(1.05 * width + 3.2, 1.25 * n_steps + 0.3), squeeze=False)
+    for step, ax in enumerate(axes[:, 0]):
+        filled = n_prompt + step  # cached positions after this step
+        written = range(0, n_prompt) if step == 0 else range(filled - 1, filled)
+        for pos in range(width):
+            if pos < filled:
+                color = "#f4a259" if pos in written else ("#9ec5e8" if pos < n_prompt else "#c9ddb0")
+                edge = "black"
+            else:
+                color, edge = "white", "#bbbbbb"
+            ax.add_patch(Rectangle((pos, 0), 0.9, 0.9, facecolor=color, edgecolor=edge, lw=1))
+            if pos < filled:
+                ax.text(pos + 0.45, 0.45, "K,V", ha="center", va="center", fontsize=8)
+                ax.text(pos + 0.45, -0.25, repr(tokens[pos])[1:-1], ha="center", va="center", fontsize=8,
+                        family="monospace")
+        last = filled - 1  # the query that predicts the next token
+        ax.add_patch(FancyArrowPatch((last + 0.45, 1.35), (last + 0.45, 0.95), arrowstyle="-|>",
+                                     mutation_scale=10, color="crimson"))
+        nxt = repr(tokens[filled])[1:-1] if filled < len(tokens) else "?"
+        ax.text(last + 0.45, 1.5, f"query of '{repr(tokens[last])[1:-1]}' -> predicts '{nxt}'", ha="left",
+                va="bottom", fontsize=8, color="crimson")
+        phase = (f"prefill: {n_prompt} positions written at once" if step == 0
+                 else f"decode step {step}: 1 position written")
+        ax.text(-0.3, 0.45, phase, ha="right", va="center", fontsize=9)
+        ax.set_xlim(-0.2, width + 0.2)
+        ax.set_ylim(-0.55, 2.0)
+        ax.axis("off")
+    fig.suptitle("The KV cache, step by step (orange: written this step; blue: prompt; green: generated)",
+                 fontsize=10, y=1.0)
+    return fig
+
+
+_COLORS = {"prompt": "#e6e6e6", "draft": "#ffe0b3", "accepted": "#b7e4c7", "rejected": "#f4a6a6",
+           "discarded": "#f2f2f2", "target": "#a9c9f5"}
+
+
+def draw_speculative_round(committed=("def", " f", "(x"), proposals=("):", "⏎", "return", "x"),
+                           n_accepted: int = 2, replacement: str = "pass"):
+    """One round with len(proposals) draft tokens, of which the first `n_accepted` are accepted.
+
+    Rows, top to bottom: the draft's gamma sequential steps; the target's single pass over the last
+    committed token and every proposal (gamma + 1 output rows); the verdict per proposal; the text
+    after the round. Returns the figure."""
+    gamma = len(proposals)
+    if not 0 <= n_accepted <= gamma:
+        raise ValueError(f"n_accepted must be between 0 and len(proposals) = {gamma}, got {n_accepted}")
+    n_c = len(committed)
+    width = n_c + gamma + 1  # columns: committed tokens, proposals, one extra (bonus) position
+    fig, ax = plt.subplots(figsize=(10, 4.0))
+    ax.set(xlim=(-2.6, width + 2.2), ylim=(-0.3, 4.5))
+    ax.axis("off")
+
+    def box(col, row, text, kind, hatch=None):
+        ax.add_patch(Rectangle((col + 0.05, row - 0.32), 0.9, 0.64, facecolor=_COLORS[kind], edgecolor="gray",
+                               lw=0.8, hatch=hatch))
+        ax.text(col + 0.5, row, text, ha="center", va="center", family="DejaVu Sans Mono",
+                fontsize=9 if len(text) < 8 else 8, color="gray" if kind == "discarded" else "black")
+
+    labels = {4: "1. draft: γ cheap steps,\n   one token each", 3: "2. target: ONE pass\n   over γ + 1 positions",
+              2: "3. accept left to right", 1: "4. text after the round"}
+    for row, text in labels.items():
+        ax.text(-2.5, row, text, ha="left", va="center", fontsize=9)
+
+    # row 4: the draft's sequential proposals, each feeding the next
+    for j, t in enumerate(committed):
+        box(j, 4, t, "prompt")
+    for i, t in enumerate(proposals):
+        box(n_c + i, 4, t, "draft")
+        if i:  # each draft step feeds on the previous proposal
+            ax.add_patch(FancyArrowPatch((n_c + i - 0.2, 4), (n_c + i + 0.2, 4), arrowstyle="-|>",
+                                         mutation_scale=9, color="darkorange", lw=1.2))
+    # row 3: one target pass, drawn as one wide bar under the last committed token and every proposal
+    ax.add_patch(Rectangle((n_c - 1 + 0.05, 3 - 0.32), gamma + 1 - 0.1, 0.64, facecolor=_COLORS["target"],
+                           edgecolor="gray", lw=0.8))
+    ax.text(n_c - 1 + (gamma + 1) / 2, 3, "one pass: p_target at each proposal + 1 row", ha="center",
+            va="center", fontsize=8)
+    # row 2: verdicts
+    for i, t in enumerate(proposals):
+        if i < n_accepted:
+            box(n_c + i, 2, "accept", "accepted")
+        elif i == n_accepted:
+            box(n_c + i, 2, "reject", "rejected")
+        else:
+            box(n_c + i, 2, "discard", "discarded")
+    if n_accepted == gamma:
+        box(n_c + gamma, 2, "bonus", "target")
+    # row 1: committed text
+    for j, t in enumerate(committed):
+        box(j, 1, t, "prompt")
+    for i in range(n_accepted):
+        box(n_c + i, 1, proposals[i], "accepted")
+    box(n_c + n_accepted, 1, replacement, "target")
+    ax.text(n_c + n_accepted + 1.2, 1, f"{n_accepted + 1} new tokens for one target pass", va="center", fontsize=9)
+    ax.text(-2.5, 0, "then: roll both KV caches back to the committed length and start the next round",
+            ha="left", va="center", fontsize=9, style="italic")
+    handles = [Rectangle((0, 0), 1, 1, facecolor=_COLORS[k], edgecolor="gray")
+               for k in ("prompt", "draft", "accepted", "rejected", "target")]
+    fig.legend(handles, ["already committed", "draft proposal", "accepted", "rejected",
+                         "from the target (residual or bonus)"], ncol=5, loc="lower center", fontsize=8)
+    ax.set_title(f"One speculative round, γ = {gamma}: the draft guesses, the target checks all guesses at once",
+                 fontsize=11)
+    return fig

@@ -1,0 +1,50 @@
+"""Checks for chapter 15's exercises (more than one device)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ...parallel.interconnect import LLAMA3_70B
+from ...parallel.tensor_parallel import (
+    allreduce_bytes_per_token_per_layer,
+    ring_allreduce_bytes_sent,
+    tp_kv_cache_bytes,
+)
+from . import exercise
+
+
+def _int(a) -> int:
+    assert isinstance(a, int) and not isinstance(a, bool), f"expected an int, got {type(a).__name__}"
+    return a
+
+
+def check_1(answer):
+    """Bytes one GPU sends per token through all layers of Llama-3-70B, bf16, ring all-reduce at TP 8."""
+    payload = allreduce_bytes_per_token_per_layer(LLAMA3_70B, torch.bfloat16) * LLAMA3_70B.n_layers
+    expected = ring_allreduce_bytes_sent(payload, 8)
+
+    def right(a):
+        assert isinstance(a, (int, float)) and not isinstance(a, bool), f"expected a number, got {type(a).__name__}"
+        return math.isclose(a, expected, rel_tol=1e-9)
+    return exercise("15.1", answer, right,
+                    hint="the payload is two all-reduces of d_model numbers per layer; a ring sends 2(p-1)/p of it")
+
+
+def check_2(answer):
+    """KV cache bytes per GPU, Llama-3-70B, 8,192 tokens, bf16, tensor-parallel 16."""
+    expected = tp_kv_cache_bytes(LLAMA3_70B, 8192, 16, dtype=torch.bfloat16)
+    return exercise("15.2", answer, lambda a: _int(a) == expected,
+                    hint="with 16 ranks and 8 key/value heads, each head lives on two ranks")
+
+
+def check_3(answer):
+    """(latency_ms, tokens_per_s) of a 4-stage pipeline, 5 ms per stage, 0.1 ms per send."""
+    def right(a):
+        assert isinstance(a, tuple) and len(a) == 2, "expected a tuple (latency_ms, tokens_per_s)"
+        latency, throughput = (float(v) for v in a)
+        return math.isclose(latency, 4 * 5 + 3 * 0.1, rel_tol=1e-6) and math.isclose(throughput, 1000 / 5,
+                                                                                      rel_tol=1e-6)
+    return exercise("15.3", answer, right,
+                    hint="a token passes every stage and every boundary once; a full pipeline is as fast "
+                         "as its slowest stage")
