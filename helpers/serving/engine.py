@@ -15,8 +15,9 @@ processors (sampling.py), then its own stop conditions (stopping.StopChecker).
 
 Isolation: whatever goes wrong for one request (its logits processor or grammar raises or returns bad
 logits, its sampling fails, its stop criterion raises) fails that request alone: finish_reason "error",
-the exception kept in `request.error`, its blocks freed; every other request of the step goes on as if
-it had never been there. Bad parameters are refused by `submit` (params.py: a ValueError naming the
+the exception kept in `request.error`, its blocks freed; every other request of the step goes on
+untouched (tests/test_serving.py runs one workload with and without failing requests: the others' tokens
+are the same, bit for bit). Bad parameters are refused by `submit` (params.py: a ValueError naming the
 parameter) before anything is queued; a temperature in (0, 1e-5) decodes greedily, as vLLM's does.
 Only a failure of the batched forward pass itself (a bug, not a request's fault) raises from `step()`.
 
