@@ -275,7 +275,8 @@ def test_chat_fields_are_named_as_sent(server):
 
 def test_wrong_paths_and_methods_are_404_and_405(server, client):
     for method, path in [("POST", "/v1/nope"), ("POST", "/v1/embeddings"), ("GET", "/nope")]:
-        assert_openai_error(httpx.request(method, server.root_url + path, timeout=30), 404)["code"] == "not_found"
+        assert assert_openai_error(httpx.request(method, server.root_url + path, timeout=30), 404)["code"] == \
+            "not_found"
     err = assert_openai_error(httpx.get(server.base_url + "/completions", timeout=30), 405)
     assert "GET" in err["message"]
     with pytest.raises(openai.NotFoundError) as info:  # the official client sees the same body

@@ -32,7 +32,7 @@ def model_and_prompts():
     ids = tok.encode(validation_text()[:30_000])
     rng = random.Random(0)
     prompts = []
-    for i in range(10):
+    for _ in range(10):
         n = rng.randint(3, 70)
         s = rng.randint(0, len(ids) - n)
         prompts.append(ids[s:s + n])
@@ -127,7 +127,7 @@ def test_divergences_are_rare():
 
 
 def test_prefix_cache_hit_skips_prefill(model_and_prompts):
-    model, prompts, refs = model_and_prompts
+    model, prompts, _ = model_and_prompts
     engine = Engine(model, num_blocks=64, block_size=16, enable_prefix_caching=True)
     first = engine.submit(prompts[-1], N_NEW)
     engine.run()
@@ -157,7 +157,7 @@ def test_chained_hash_depends_on_the_parent():
 
 
 def test_rejections_name_the_limit_before_taking_blocks(model_and_prompts):
-    model, prompts, _ = model_and_prompts
+    model, _, _ = model_and_prompts
     engine = Engine(model, num_blocks=8, block_size=16)
     with pytest.raises(ValueError, match="max_seq_len=1024"):
         engine.submit(list(range(1000)), 30)
