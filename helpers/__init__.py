@@ -30,7 +30,7 @@ Modules, one job each (chapter in brackets). At the top, the inference code a le
     speculative.py       speculative sampling with a draft model or prompt lookup                 [12]
     serving/             continuous batching: paged KV blocks, scheduler, prefix caching,
                          chunked prefill, the engine; and the OpenAI-compatible server           [13, 14]
-    serve.py             python -m helpers.serve: the course model behind OpenAI's API            [14]
+    serving/__main__.py  python -m helpers.serving: the course model behind OpenAI's API          [14]
     hf.py                conversion to HuggingFace LlamaForCausalLM (a test oracle)
 Shared by all of them:
     paths.py             where every file lives: checkpoints, data, figures, the caches
@@ -45,13 +45,13 @@ Three wings, each a folder with its own map in its __init__.py:
                          layer and attention maps, chapter 05's allocation simulator, exercises/
 
 How the modules depend on each other (A above B when A imports B; nothing imports upwards, no cycles).
-Counting each folder as one unit, the package and scripts/ make 32 units on 6 levels joined by 99 imports:
+Counting each folder as one unit, the package and scripts/ make 31 units on 6 levels joined by 98 imports:
     level 1  model (it states the cache contract), tokenizer, sampling, stopping, regex_automaton,
              device, progress, paths: import nothing of the package
     level 2  kv_cache, sliding_window, checkpoint, data, quantize, grammar, hf
     level 3  generate, int8_kv, export_gguf, train_tokenizer, measure/
     level 4  fast_decode, beam_search, token_healing, train, parallel/, serving/, this file
-    level 5  speculative, course/, serve.py, scripts/
+    level 5  speculative, course/, scripts/
     level 6  bench.py: it times everything below it
 The largest module is speculative.py (821 lines), then bench.py (793). Inside the wings: course/ has one
 import between its modules (notebook setup uses plotting's style), parallel/ two (both parallel schemes

@@ -29,7 +29,10 @@ TIED = "head.weight"  # the output head shares the embedding matrix; stored once
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint is missing, corrupt, or does not match its manifest entry."""
+    """A checkpoint is missing, corrupt, or does not match its manifest entry.
+
+    A RuntimeError by design, not a ValueError: the file on disk is wrong, not an argument the caller
+    passed, so `except ValueError` around a call with bad arguments does not swallow a broken install."""
 
 
 def sha256_file(path) -> str:

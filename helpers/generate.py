@@ -34,7 +34,10 @@ def as_prompt_tensor(prompt, model) -> torch.Tensor:
             raise ValueError("prompt must contain at least 1 token; got an empty prompt")
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             raise ValueError("prompt must be a list of int token ids (encode text with the tokenizer first)")
-        prompt = torch.tensor([list(prompt)], dtype=torch.long)
+        try:
+            prompt = torch.tensor([list(prompt)], dtype=torch.long)
+        except (OverflowError, RuntimeError, ValueError):  # an id beyond int64 ("Overflow when unpacking")
+            raise ValueError("prompt: token ids must be in [0, vocab_size - 1]; got one beyond int64") from None
     if not isinstance(prompt, torch.Tensor):
         raise ValueError(f"prompt must be a list of token ids or a tensor; got {type(prompt).__name__}")
     if prompt.dim() == 1:
@@ -46,16 +49,17 @@ def as_prompt_tensor(prompt, model) -> torch.Tensor:
 
 
 def check_generation_length(prompt_len: int, max_new_tokens, max_seq_len: int,
-                            window: str = "the context window") -> None:
-    """window: whose context window max_seq_len is, for the message (speculative.py checks the draft's too)."""
+                            window: str = "the context window", name: str = "max_new_tokens") -> None:
+    """window: whose context window max_seq_len is, for the message (speculative.py checks the draft's too);
+    name: the caller's name for max_new_tokens (the serving engine's is max_tokens)."""
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an int >= 0; got {max_new_tokens!r}")
+        raise ValueError(f"{name} must be an int >= 0; got {max_new_tokens!r}")
     if prompt_len > max_seq_len:
         raise ValueError(f"prompt has {prompt_len} tokens but {window} (max_seq_len) is "
                          f"{max_seq_len}: allowed prompt length is 1..{max_seq_len}")
     if prompt_len + max_new_tokens > max_seq_len:
-        raise ValueError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds {window} "
-                         f"max_seq_len={max_seq_len}: allowed max_new_tokens is 0..{max_seq_len - prompt_len}")
+        raise ValueError(f"prompt ({prompt_len} tokens) + {name} ({max_new_tokens}) exceeds {window} "
+                         f"max_seq_len={max_seq_len}: allowed {name} is 0..{max_seq_len - prompt_len}")
 
 
 @torch.no_grad()

@@ -9,7 +9,9 @@ left. Temperature 0 means greedy (argmax), exactly.
 Logits are checked before any of that (`check_logits`): NaN, +inf, or a row where every token is
 masked to -inf has no distribution to sample from, so it raises a ValueError instead of producing
 NaN probabilities or a silent token 0. A row that the temperature would overflow (3e38 at
-temperature 1e-4) has its maximum subtracted first, so huge but finite logits still give a distribution.
+temperature 1e-4) has its maximum subtracted first, so huge but finite logits still give a distribution;
+a row a repetition penalty would carry past float32's range is penalised in float64 and shifted the same
+way; a temperature too small for float32 (below 1.2e-38) is refused, as 0 (greedy) is what it means.
 
 Every filter keeps all tokens tied with the last one it keeps, so its result never depends on how a
 sort orders equal values (HuggingFace's top-p picks an arbitrary subset of such ties; otherwise the
@@ -105,6 +107,11 @@ def apply_temperature(logits: torch.Tensor, temperature: float | torch.Tensor) -
     checks the number it fills in)."""
     if not isinstance(temperature, torch.Tensor) and (not _is_number(temperature) or temperature <= 0):
         raise ValueError(f"temperature must be > 0 here (greedy is handled by the caller); got {temperature!r}")
+    if not isinstance(temperature, torch.Tensor) and temperature < torch.finfo(logits.dtype).tiny:
+        # below the smallest normal number of the logits' dtype the divisor rounds to 0 (or to a subnormal a
+        # CPU may flush to 0): the division would give inf and NaN, not the limit, which is greedy
+        raise ValueError(f"temperature {temperature!r} is too small for {logits.dtype} arithmetic (the smallest is "
+                         f"{torch.finfo(logits.dtype).tiny:.3g}); use temperature 0 for greedy decoding")
     scaled = logits / temperature  # (..., V)
     if not isinstance(temperature, torch.Tensor) and temperature >= 1:
         return scaled  # |x / T| <= |x|: nothing can overflow; skipping the guard: 40 -> 5 us for a (1, 2048) row
@@ -165,7 +172,9 @@ def apply_penalties(logits: torch.Tensor, previous: torch.Tensor | None, repetit
     """Penalise tokens already in `previous` (B, N) token ids (the prompt included). logits: (B, V).
 
     repetition (HuggingFace, from the CTRL paper): a seen token's logit is divided by the penalty if
-    positive, multiplied by it if negative (so a penalty > 1 always makes it less likely).
+    positive, multiplied by it if negative (so a penalty > 1 always makes it less likely). A row the
+    penalty would carry past the dtype's range comes back shifted by its maximum (the same probabilities;
+    HuggingFace gives inf there, then NaN).
     presence / frequency (OpenAI): logit -= presence * [count > 0] + frequency * count.
     """
     validate_sampling(repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
@@ -174,8 +183,20 @@ def apply_penalties(logits: torch.Tensor, previous: torch.Tensor | None, repetit
         return logits
     if repetition_penalty != 1.0:
         seen = torch.gather(logits, -1, previous)  # (B, N)
-        seen = torch.where(seen < 0, seen * repetition_penalty, seen / repetition_penalty)
-        logits = logits.scatter(-1, previous, seen)
+        penalised = logits.scatter(-1, previous, torch.where(seen < 0, seen * repetition_penalty,
+                                                             seen / repetition_penalty))
+        # a penalty below 1 can push a finite logit past the dtype's range (3e38 / 0.5 = inf), and softmax
+        # then meets inf - inf (NaN). Such rows are penalised in float64 and shifted by their maximum, which
+        # changes no probability; what even float64 cannot hold is kept at the largest finite value. Other
+        # rows keep the plain result (bit-identical to HuggingFace's); no device -> host read is needed.
+        overflow = (torch.isinf(penalised) & torch.isfinite(logits)).any(dim=-1, keepdim=True)  # (B, 1)
+        wide, seen64 = logits.double(), seen.double()
+        wide = wide.scatter(-1, previous, torch.where(seen64 < 0, seen64 * repetition_penalty,
+                                                      seen64 / repetition_penalty))
+        big = torch.finfo(torch.float64).max
+        wide = wide.clamp(-big, big)
+        shifted = (wide - wide.amax(dim=-1, keepdim=True)).clamp(min=-torch.finfo(logits.dtype).max)
+        logits = torch.where(overflow, shifted.to(logits.dtype), penalised)
     if presence_penalty or frequency_penalty:
         counts = token_counts(previous, logits.shape[-1], logits.dtype)  # (B, V)
         logits = logits - presence_penalty * (counts > 0).to(logits.dtype) - frequency_penalty * counts

@@ -295,6 +295,42 @@ def test_dynamic_int8_is_exact_on_a_saturating_kernel():
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
 
 
+ENGINE_ORDER_CHECK = """
+import torch
+from helpers.quantize import QuantizedLinear, dynamic_int8_saturates
+engines = torch.backends.quantized.supported_engines
+assert "qnnpack" in engines and "x86" in engines
+torch.backends.quantized.engine = "qnnpack"
+assert not dynamic_int8_saturates()  # asked first under qnnpack, which does not saturate
+torch.backends.quantized.engine = "x86"
+assert dynamic_int8_saturates()  # decided for x86 on its own, not remembered from qnnpack
+torch.manual_seed(0)
+w, x = torch.randn(256, 256) * 0.05, torch.randn(16, 256)
+layer = QuantizedLinear(w, "int8", kernel="dynamic")
+ref = x @ w.T
+print(layer.weight_bits, float((layer(x) - ref).abs().max() / ref.abs().max()))
+"""
+
+
+@pytest.mark.skipif(not DYNAMIC or "qnnpack" not in torch.backends.quantized.supported_engines,
+                    reason="needs fbgemm's dynamic int8 kernel and qnnpack (x86 CPUs)")
+def test_the_saturation_guard_is_decided_per_quantized_engine():
+    """On the AVX2 kernel, a first question asked under qnnpack must not give x86 layers 8-bit codes (their
+    error was 0.155 of the output's range, against 0.018 with the 7-bit guard)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
+    run = subprocess.run([sys.executable, "-c", ENGINE_ORDER_CHECK], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    bits, err = run.stdout.split()
+    assert bits == "7" and float(err) < 0.05, run.stdout
+
+
 def test_reference_layer_is_dequantize_then_matmul():
     torch.manual_seed(0)
     linear = nn.Linear(256, 128, bias=False)

@@ -165,6 +165,33 @@ def test_repetition_penalty_equals_hf(kind, penalty):
     assert same(ours, RepetitionPenaltyLogitsProcessor(penalty)(previous, logits))
 
 
+@pytest.mark.parametrize("penalty", [0.5, 1e-3, 1e-300])
+@pytest.mark.parametrize("temperature", [0.0, 1e-4, 1.0])
+def test_a_penalty_past_float32s_range_still_gives_a_distribution(penalty, temperature):
+    """A finite logit above ~2.4e38 divided by a penalty below 1 overflows float32: that row is penalised in
+    float64 and shifted instead, so the distribution is the exact one, never NaN."""
+    logits = torch.tensor([[3e38, 1.0, -2.0, 2.9e38, 0.5], [0.1, 0.2, 0.3, 0.4, 0.5]])  # (2, 5)
+    previous = torch.tensor([[0, 3], [0, 1]])
+    cfg = SamplingConfig(temperature=temperature, repetition_penalty=penalty)
+    probs = probabilities(logits, cfg, previous)
+    assert torch.isfinite(probs).all() and torch.allclose(probs.sum(-1), torch.ones(2))
+    if penalty >= 1e-3:  # float64 holds 3e38 / 1e-3: token 0 wins outright, as exact arithmetic says
+        assert probs[0].tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
+    else:  # past float64's range too: both seen tokens sit at the largest value, nothing else can win
+        assert probs[0, 1:3].sum() == 0 and probs[0, 4] == 0
+    if penalty >= 1e-3:  # the second row does not overflow: HuggingFace's exact values, bit for bit
+        plain = apply_penalties(logits[1:], previous[1:], repetition_penalty=penalty)
+        assert same(plain, RepetitionPenaltyLogitsProcessor(penalty)(previous[1:], logits[1:]))
+    token = next_token(logits, cfg, torch.Generator().manual_seed(0), previous)
+    assert token[0, 0] in (0, 3)
+
+
+def test_a_temperature_too_small_for_float32_is_refused_not_nan():
+    with pytest.raises(ValueError, match="temperature 1e-300 is too small"):
+        next_token(torch.randn(1, V), SamplingConfig(temperature=1e-300), torch.Generator().manual_seed(0))
+    assert torch.isfinite(apply_temperature(torch.randn(1, V) * 1e38, 1.2e-38)).any()  # the smallest allowed
+
+
 def openai_penalties(logits, previous, presence, frequency):
     """OpenAI's documented rule, element by element:
     mu[j] -> mu[j] - c[j] * alpha_frequency - float(c[j] > 0) * alpha_presence."""

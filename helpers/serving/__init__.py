@@ -6,13 +6,18 @@ an OpenAI-compatible HTTP server over it (chapter 14).
     model_runner.py  one forward pass over a ragged batch (prefill chunks and decodes together)
     request.py       one request's state: tokens, blocks, sampling settings, timings
     scheduler.py     each step's batch: admission, token budget, chunked prefill, preemption
+    static_scheduler.py  the static-batching baseline (policy="static"), as a subclass
+    params.py        each parameter of Engine() and submit() checked: InvalidParameter names it
     engine.py        submit / step / cancel / metrics: the API a server is built on
     workload.py      synthetic workloads replayed through sequential, static and continuous serving
     bench.py         python -m helpers.serving.bench: the chapter's targets, measured
     chat_template.py messages -> one prompt (the minimal template the chat endpoint uses)
     openai_api.py    OpenAI's request bodies (validated), response objects and error shape
-    server.py        the FastAPI app: one engine thread, streaming, cancellation, a bounded queue
-    launch.py        ServerProcess: python -m helpers.serve in a subprocess, stopped by its PID
+    worker.py        the engine thread: commands in, tokens out, cancellation between steps
+    completions.py   the endpoints' work: body -> engine requests, streamed or plain, hang-ups cancelled
+    server.py        the FastAPI app: routes, body limit, every error in OpenAI's shape
+    __main__.py      python -m helpers.serving: the server on 127.0.0.1, tied to its parent process
+    launch.py        ServerProcess (dies with its starter), free_port, stop_process
     loadtest.py      a bounded closed-loop load test with per-token client-side timings
 
     from helpers.serving import Engine

@@ -11,13 +11,27 @@
 Each step: the scheduler picks the requests and token counts (scheduler.py), the model runner computes
 them in one pass through the paged cache (model_runner.py), and each request whose last known token
 was computed gets its next token with its own sampling settings, seeded generator and logits
-processors (sampling.py), then its own stop conditions (stopping.StopChecker). A stop criterion that
-raises fails only its own request (finish_reason "error", the exception kept in `request.error`).
+processors (sampling.py), then its own stop conditions (stopping.StopChecker).
+
+Isolation: whatever goes wrong for one request (its logits processor or grammar raises or returns bad
+logits, its sampling fails, its stop criterion raises) fails that request alone: finish_reason "error",
+the exception kept in `request.error`, its blocks freed; every other request of the step goes on
+untouched (tests/test_serving.py runs one workload with and without failing requests: the others' tokens
+are the same, bit for bit). Bad parameters are refused by `submit` (params.py: a ValueError naming the
+parameter) before anything is queued; a temperature in (0, 1e-5) decodes greedily, as vLLM's does.
+Only a failure of the batched forward pass itself (a bug, not a request's fault) raises from `step()`.
+
+Liveness: every policy finishes every request `submit` accepts, within sum(prompt tokens + max_tokens)
+steps (scheduler.py says why); a step that schedules nothing while requests remain raises instead of
+spinning.
 
 Time: `engine.time` is the engine's clock in seconds. Each step advances it by the step's measured
 duration; `advance_to(t)` moves it forward over idle time. A workload replayed against it therefore
 charges exactly the compute it used, and a server can keep it on the wall clock by calling
 `advance_to(time.perf_counter() - t0)` before each step.
+
+A long-running caller (the HTTP server) keeps the engine's books bounded: `forget(rid)` drops a finished
+request's record, `Engine(step_log=n)` keeps the last n step records, and `stats()` is a cheap snapshot.
 
 Out of scope (vLLM has them): a separate process for the engine core and a detokenizer, async output
 streaming, n > 1 / best-of, logprobs, guided decoding, speculative decoding inside the engine, and
@@ -31,15 +45,15 @@ from dataclasses import dataclass
 
 import torch
 
-from ..sampling import SamplingConfig, check_generator, next_token
+from ..sampling import check_generator, next_token
 from ..stopping import StopChecker
+from . import params
 from .block_pool import BlockPool
 from .model_runner import SequenceChunk, forward_step
 from .paged_cache import PagedKVCache
 from .request import FINISHED, Request
 from .scheduler import Scheduler
-
-GREEDY = SamplingConfig(temperature=0.0)
+from .static_scheduler import StaticScheduler
 
 
 @dataclass
@@ -67,70 +81,55 @@ class StepRecord:
 class Engine:
     def __init__(self, model, num_blocks: int, block_size: int = 16, max_num_seqs: int = 32,
                  max_num_batched_tokens: int | None = None, enable_prefix_caching: bool = False,
-                 chunked_prefill: bool = True, policy: str = "continuous"):
-        cfg = model.cfg
-        for name, value in (("num_blocks", num_blocks), ("block_size", block_size), ("max_num_seqs", max_num_seqs)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1; got {value!r}")
-        if max_num_batched_tokens is None:  # without chunking a whole prompt must fit one step
-            max_num_batched_tokens = 256 if chunked_prefill else cfg.max_seq_len + max_num_seqs
-        if not isinstance(max_num_batched_tokens, int) or max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens must be an int >= 1; got {max_num_batched_tokens!r}")
-        if not chunked_prefill and max_num_batched_tokens < cfg.max_seq_len:
-            raise ValueError(f"without chunked prefill max_num_batched_tokens ({max_num_batched_tokens}) must be "
-                             f">= max_seq_len ({cfg.max_seq_len}) so that any prompt fits one step")
-        self.model, self.block_size = model, block_size
+                 chunked_prefill: bool = True, policy: str = "continuous", step_log: int | None = None):
+        """policy: "continuous", or "static" (the baseline, static_scheduler.py). step_log: keep the last
+        step_log StepRecords in `steps` (None: every one). Each parameter is checked (params.py)."""
+        max_num_batched_tokens = params.check_engine_args(
+            model, num_blocks, block_size, max_num_seqs, max_num_batched_tokens, enable_prefix_caching,
+            chunked_prefill, policy, step_log)
+        self.model, self.block_size, self.step_log = model, block_size, step_log
         self.cache = PagedKVCache.for_model(model, num_blocks, block_size)
         self.pool = BlockPool(num_blocks, enable_prefix_caching)
-        self.scheduler = Scheduler(self.pool, block_size, max_num_seqs, max_num_batched_tokens,
-                                   chunked_prefill, policy)
-        self.scheduler.context_limit = cfg.max_seq_len
+        args = (self.pool, block_size, max_num_seqs, max_num_batched_tokens, chunked_prefill)
+        self.scheduler = StaticScheduler(*args, context_limit=model.cfg.max_seq_len) if policy == "static" \
+            else Scheduler(*args)
         self.requests: dict[str, Request] = {}
         self.steps: list[StepRecord] = []
+        self.num_steps = 0  # every step so far (the log may keep fewer)
         self.time = 0.0
         self._ids = itertools.count()
 
     # --- the public API ---------------------------------------------------------------------------
-    def submit(self, prompt, max_tokens: int, *, sampling: SamplingConfig | None = None, seed: int | None = None,
+    def submit(self, prompt, max_tokens: int, *, sampling=None, seed: int | None = None,
                eos_id: int | None = None, stop_sequences=(), stop_criteria=(), logits_processors=(),
                request_id: str | None = None, arrival_time: float | None = None) -> str:
-        """Queue a request; returns its id. Rejected with a ValueError, before it takes any block, if
-        prompt + max_tokens exceeds the context window or its KV could never fit the pool."""
+        """Queue a request; returns its id.
+
+        prompt: a list of token ids, a 1-D tensor or a (1, T) tensor (one request; a batch is refused).
+        sampling: a SamplingConfig, None for greedy; a temperature in (0, params.GREEDY_BELOW) is greedy.
+        seed: seeds the request's own generator (None: torch's global one).
+        Every parameter is checked before anything is queued: a params.InvalidParameter (a ValueError whose
+        `.param` names it) if it is of the wrong type or range, or if prompt + max_tokens exceeds the
+        context window or needs more KV blocks than the pool has (it could never run)."""
         cfg = self.model.cfg
-        if isinstance(prompt, torch.Tensor):
-            prompt = prompt.reshape(-1).tolist()
-        if not isinstance(prompt, (list, tuple)) or not prompt or \
-                not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            raise ValueError("prompt must be a non-empty list of int token ids")
-        if min(prompt) < 0 or max(prompt) >= cfg.vocab_size:
-            raise ValueError(f"prompt: token ids must be in [0, {cfg.vocab_size - 1}]")
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-            raise ValueError(f"max_tokens must be an int >= 1; got {max_tokens!r}")
-        if len(prompt) + max_tokens > cfg.max_seq_len:
-            raise ValueError(f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds the context window "
-                             f"max_seq_len={cfg.max_seq_len}")
-        # KV is kept for every position but the last generated token's
-        blocks = -(-(len(prompt) + max_tokens - 1) // self.block_size)
-        if blocks > self.pool.num_blocks:
-            raise ValueError(f"prompt + max_tokens needs {blocks} KV blocks of {self.block_size} tokens but the pool "
-                             f"has num_blocks={self.pool.num_blocks}: it could never run")
-        sampling = GREEDY if sampling is None else sampling
-        if not isinstance(sampling, SamplingConfig):
-            raise ValueError(f"sampling must be a SamplingConfig or None; got {type(sampling).__name__}")
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-            raise ValueError(f"seed must be an int or None; got {seed!r}")
-        if not all(callable(p) for p in logits_processors):
-            raise ValueError("logits_processors must be callables proc(ids, logits) -> logits")
+        prompt = params.check_prompt(prompt, self.model)
+        params.check_lengths(len(prompt), max_tokens, cfg.max_seq_len, self.block_size, self.pool.num_blocks)
+        sampling = params.check_sampling(sampling)
+        params.check_seed(seed)
+        stop_sequences = params.check_stops(eos_id, stop_sequences, stop_criteria, cfg.vocab_size)
+        logits_processors = params.check_processors(logits_processors)
+        request_id = params.check_request_id(request_id)
+        arrival_time = params.check_arrival_time(arrival_time)
+        if request_id in self.requests:
+            raise params.InvalidParameter("request_id", f"request_id {request_id!r} is already in use")
         stop = None
         if eos_id is not None or stop_sequences or stop_criteria:
-            stop = StopChecker(eos_id, stop_sequences, stop_criteria)
+            stop = StopChecker(eos_id, stop_sequences, list(stop_criteria))
         generator = torch.Generator(device=self.model.device).manual_seed(seed) if seed is not None else None
         check_generator(generator)
-        request_id = str(next(self._ids)) if request_id is None else str(request_id)
-        if request_id in self.requests:
-            raise ValueError(f"request_id {request_id!r} is already in use")
-        r = Request(request_id, list(prompt), max_tokens, sampling, generator, stop, tuple(logits_processors),
-                    self.time if arrival_time is None else float(arrival_time))
+        request_id = str(next(self._ids)) if request_id is None else request_id
+        r = self.scheduler.request_type(request_id, prompt, max_tokens, sampling, generator, stop, logits_processors,
+                                        self.time if arrival_time is None else arrival_time)
         self.requests[request_id] = r
         self.scheduler.add(r)
         return request_id
@@ -146,6 +145,12 @@ class Engine:
             raise ValueError(f"no request with id {request_id!r}")
         return self.requests[request_id]
 
+    def forget(self, request_id: str) -> None:
+        """Drop a finished request's record (a server calls this once it has delivered the result)."""
+        if not self.get(request_id).finished:
+            raise ValueError(f"request {request_id!r} has not finished: cancel it first")
+        del self.requests[request_id]
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
 
@@ -158,6 +163,8 @@ class Engine:
         t0, start = time.perf_counter(), self.time
         scheduled = self.scheduler.schedule()
         if not scheduled:
+            if self.has_unfinished():  # a bug guard: a live scheduler always schedules someone
+                raise RuntimeError("the scheduler scheduled nothing while requests remain")
             return []
         chunks = []
         for s in scheduled:
@@ -172,18 +179,16 @@ class Engine:
         for s in scheduled:
             s.request.num_computed += s.num_tokens
             self.scheduler.register_full_blocks(s.request)
-        running = self.scheduler.running
-        self.steps.append(StepRecord(
-            start, self.time - start, sum(s.num_tokens for s in scheduled),
-            sum(1 for s in scheduled if s.num_tokens == 1), len(running),
-            live_tokens=self._filled_slots(),
-            context_tokens=sum(r.num_computed for r in running),
-            allocated_slots=self.pool.num_used * self.block_size,
-            reserved_slots=sum(len(r.prompt) + r.max_tokens for r in running)))
+        self._log_step(start, scheduled)
         outputs = []
         for r, tok in zip(sampled, tokens):
             if r.finished:  # a static batch's padded row: computed, thrown away
-                r.padded.append(tok)
+                self.scheduler.discard(r, tok)
+                continue
+            if isinstance(tok, BaseException):  # this request's own sampling failed: it alone ends
+                r.error = tok
+                self._finish(r, "error")
+                outputs.append(StepOutput(r.request_id, [], True, r.finish_reason))
                 continue
             r.output.append(tok)
             r.token_times.append(self.time)
@@ -199,8 +204,15 @@ class Engine:
             self.step()
         return {rid: r.output for rid, r in self.requests.items()}
 
+    def stats(self) -> dict:
+        """A cheap snapshot for a server's /metrics: requests and blocks now."""
+        return dict(running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
+                    kv_blocks_total=self.pool.num_blocks, kv_blocks_free=self.pool.num_free,
+                    kv_blocks_used=self.pool.num_used, block_size=self.block_size, steps=self.num_steps,
+                    preemptions=self.scheduler.num_preemptions)
+
     def metrics(self) -> dict:
-        """Totals over every step so far (see StepRecord for the per-step log in `engine.steps`)."""
+        """Totals over the step log (every step unless `step_log` bounds it; see StepRecord)."""
         steps, done = self.steps, [r for r in self.requests.values() if r.finished and r.token_times]
         generated = sum(len(r.output) for r in self.requests.values())
         alloc = sum(s.allocated_slots for s in steps)
@@ -216,25 +228,48 @@ class Engine:
         )
 
     # --- inside a step ----------------------------------------------------------------------------
-    def _sample(self, requests: list[Request], logits: torch.Tensor) -> list[int]:
-        """One token per request, each with its own settings. Plain greedy rows share one argmax."""
-        out: list[int | None] = [None] * len(requests)
-        plain = [i for i, r in enumerate(requests) if r.sampling.greedy and not r.logits_processors]
+    def _log_step(self, start: float, scheduled) -> None:
+        running = self.scheduler.running
+        self.num_steps += 1
+        self.steps.append(StepRecord(
+            start, self.time - start, sum(s.num_tokens for s in scheduled),
+            sum(1 for s in scheduled if s.num_tokens == 1), len(running),
+            live_tokens=self._filled_slots(),
+            context_tokens=sum(r.num_computed for r in running),
+            allocated_slots=self.pool.num_used * self.block_size,
+            reserved_slots=sum(len(r.prompt) + r.max_tokens for r in running)))
+        if self.step_log is not None and len(self.steps) >= 2 * self.step_log:
+            del self.steps[:-self.step_log]  # trimmed in batches: amortised O(1) a step
+
+    def _sample(self, requests: list[Request], logits: torch.Tensor) -> list:
+        """One token per request, each with its own settings: an int, or the exception its own sampling raised.
+        Plain greedy rows (and padded rows, whose tokens are thrown away) share one argmax."""
+        out: list = [None] * len(requests)
+        plain = [i for i, r in enumerate(requests) if r.finished or (
+            r.sampling.greedy and not r.logits_processors and not _penalised(r.sampling))]
         if plain:
-            best = logits[plain].argmax(dim=-1).tolist()
-            for i, t in zip(plain, best):
-                out[i] = t
+            rows = logits[plain]  # (n_plain, V)
+            valid = torch.isfinite(rows.amax(dim=-1)).tolist()  # no NaN or +inf, not all -inf
+            for i, t, ok in zip(plain, rows.argmax(dim=-1).tolist(), valid):
+                out[i] = t if ok or requests[i].finished else ValueError(
+                    "the model's logits for this request contain NaN or inf")
         for i, r in enumerate(requests):
-            if out[i] is not None:
-                continue
-            row = logits[i:i + 1]  # (1, V)
-            ids = torch.tensor([r.prompt + r.output], dtype=torch.long, device=row.device)  # (1, T)
-            for proc in r.logits_processors:
-                row = proc(ids, row)
-            s = r.sampling
-            penalised = s.repetition_penalty != 1.0 or s.presence_penalty or s.frequency_penalty
-            out[i] = int(next_token(row, s, r.generator, ids if penalised else None)[0, 0])
+            if out[i] is None:
+                try:
+                    out[i] = self._sample_one(r, logits[i:i + 1])
+                except Exception as e:  # its processor, grammar or settings failed: this request alone
+                    out[i] = e
         return out
+
+    def _sample_one(self, r: Request, row: torch.Tensor) -> int:
+        ids = torch.tensor([r.prompt + r.output], dtype=torch.long, device=row.device)  # (1, T)
+        V = row.shape[-1]
+        for proc in r.logits_processors:
+            row = proc(ids, row)
+            if not isinstance(row, torch.Tensor) or tuple(row.shape) != (1, V):
+                raise ValueError(f"logits processor {proc!r} returned {type(row).__name__} of shape "
+                                 f"{tuple(getattr(row, 'shape', ()))}; expected a tensor of shape (1, {V})")
+        return int(next_token(row, r.sampling, r.generator, ids if _penalised(r.sampling) else None)[0, 0])
 
     def _filled_slots(self) -> int:
         filled: dict[int, int] = {}  # block id -> slots holding computed tokens
@@ -263,5 +298,9 @@ class Engine:
             self.scheduler.abort(r)
         else:
             self.scheduler.finish(r)
-        if r.status != FINISHED and not r.padding:
+        if r.status != FINISHED:
             raise RuntimeError("request left in the scheduler after finishing")
+
+
+def _penalised(s) -> bool:
+    return s.repetition_penalty != 1.0 or bool(s.presence_penalty or s.frequency_penalty)

@@ -91,13 +91,17 @@ def run_load(base_url: str, prompts: list[str], concurrency: int, n_requests: in
             await asyncio.gather(*(client() for _ in range(concurrency)))
             return records, time.perf_counter() - t0
 
+    return run_async(main())
+
+
+def run_async(coro):
+    """asyncio.run(coro), also where an event loop already runs in this thread (Jupyter's): then on another."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:  # a plain script: no event loop yet
-        return asyncio.run(main())
-    # inside Jupyter an event loop is already running in this thread: run ours in another one
+        return asyncio.run(coro)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, main()).result()
+        return pool.submit(asyncio.run, coro).result()
 
 
 def summary(records: list[RequestRecord], wall: float) -> dict:

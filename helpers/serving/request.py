@@ -43,16 +43,14 @@ class Request:
     finish_time: float | None = None
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
-    padding: bool = False  # static batching only: finished, but its row keeps running until the batch ends
-    padded: list[int] = field(default_factory=list)  # the tokens such a row computes after it finished
 
     @property
     def all_ids(self) -> list[int]:
-        return self.prompt + self.output + self.padded
+        return self.prompt + self.output
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt) + len(self.output) + len(self.padded)
+        return len(self.prompt) + len(self.output)
 
     @property
     def finished(self) -> bool:

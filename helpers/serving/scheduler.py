@@ -16,9 +16,12 @@ One step, in the order of vLLM's scheduler:
 Without chunked prefill a prompt must fit the step's budget whole; a long one makes that step long,
 and every running request waits for it (the inter-token latency spike chunking removes).
 
-`policy="static"` is the baseline continuous batching replaces: a batch is admitted only when the last
-one has completely finished, and a finished request's row keeps running (its tokens thrown away)
-until the longest in its batch is done, as a padded (B, T) batch would.
+Liveness: the oldest running request is never preempted (victims are taken newest first and it alone
+always fits, as `Engine.submit` refuses a request whose KV could not fit the pool), and it gets the
+budget first, so every step computes at least one of its tokens. A request that is oldest stays so until
+it ends, so `run()` ends within sum(prompt tokens + max_tokens) steps over all requests.
+
+static_scheduler.py holds the baseline continuous batching replaces (`policy="static"`).
 
 Out of scope (vLLM has them): priorities and fairness, swapping to CPU instead of recompute, a free-block
 watermark, lookahead slots for speculative decoding, structured-output and LoRA-aware admission,
@@ -40,17 +43,17 @@ class ScheduledChunk:
 
 
 class Scheduler:
+    """Continuous batching. The engine builds its requests as `request_type` (the static baseline's differ)."""
+    request_type = Request
+
     def __init__(self, pool: BlockPool, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
-                 chunked_prefill: bool = True, policy: str = "continuous"):
-        if policy not in ("continuous", "static"):
-            raise ValueError(f"policy must be 'continuous' or 'static'; got {policy!r}")
+                 chunked_prefill: bool = True):
         self.pool, self.block_size = pool, block_size
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
-        self.chunked_prefill, self.policy = chunked_prefill, policy
+        self.chunked_prefill = chunked_prefill
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order: the last one is preempted first
         self.num_preemptions = 0
-        self.context_limit = 1 << 62  # the engine sets the model's context window
 
     def add(self, r: Request) -> None:
         self.waiting.append(r)
@@ -60,7 +63,12 @@ class Scheduler:
 
     # --- one step -------------------------------------------------------------------------------
     def schedule(self) -> list[ScheduledChunk]:
-        budget = self.max_num_batched_tokens
+        out, budget, preempted = self._schedule_running(self.max_num_batched_tokens)
+        if not preempted:  # a step that had to preempt admits nobody (vLLM's rule)
+            out += self._admit(budget)
+        return out
+
+    def _schedule_running(self, budget: int) -> tuple[list[ScheduledChunk], int, bool]:
         out: list[ScheduledChunk] = []
         preempted = False
         i = 0
@@ -72,7 +80,7 @@ class Scheduler:
                 continue
             need = r.blocks_for(r.num_computed + n, self.block_size) - len(r.block_table)
             while need > self.pool.num_free:
-                victim = self.running[-1]
+                victim = self.running[-1]  # newest first: never one scheduled earlier in this loop
                 self.preempt(victim)
                 preempted = True
                 if victim is r:
@@ -83,37 +91,43 @@ class Scheduler:
             out.append(ScheduledChunk(r, n))
             budget -= n
             i += 1
-        if preempted or (self.policy == "static" and self.running):
-            return out
-        while self.waiting and len(self.running) < self.max_num_seqs and (budget > 0 or self.policy == "static"):
+        return out, budget, preempted
+
+    def _admit(self, budget: int) -> list[ScheduledChunk]:
+        """Waiting requests, first come first served, while places, budget and blocks allow."""
+        out: list[ScheduledChunk] = []
+        while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
             r = self.waiting[0]
             n_hit, hit_blocks_free = self._peek_prefix(r)
             computed = n_hit * self.block_size
             n = r.num_tokens - computed
-            if self.policy == "static":
-                pass  # a static batch takes its whole prompts at once
-            elif self.chunked_prefill:
+            if self.chunked_prefill:
                 n = min(n, budget)
             elif n > budget:
                 break
-            need = r.blocks_for(computed + n, self.block_size) - n_hit
-            if need > self.pool.num_free - hit_blocks_free:
+            if not self._take(r, n_hit, hit_blocks_free, n):
                 break
-            self.waiting.popleft()
-            hits = self.pool.lookup(r.block_hashes[:n_hit]) if n_hit else []
-            r.block_table = hits + self.pool.allocate(need)
-            r.num_computed = computed
-            r.num_cached_tokens = max(r.num_cached_tokens, computed)
-            r.status = RUNNING
-            self.running.append(r)
             out.append(ScheduledChunk(r, n))
             budget -= n
         return out
 
+    def _take(self, r: Request, n_hit: int, hit_blocks_free: int, n: int) -> bool:
+        """Move r from waiting to running with blocks for its cached prefix and n more tokens, if they fit."""
+        computed = n_hit * self.block_size
+        need = r.blocks_for(computed + n, self.block_size) - n_hit
+        if need > self.pool.num_free - hit_blocks_free:
+            return False
+        self.waiting.popleft()
+        hits = self.pool.lookup(r.block_hashes[:n_hit]) if n_hit else []
+        r.block_table = hits + self.pool.allocate(need)
+        r.num_computed = computed
+        r.num_cached_tokens = max(r.num_cached_tokens, computed)
+        r.status = RUNNING
+        self.running.append(r)
+        return True
+
     def _tokens_to_compute(self, r: Request, budget: int) -> int:
         left = r.num_tokens - r.num_computed  # 1 when decoding; more while (re)prefilling
-        if r.padding and r.num_tokens >= self.context_limit:
-            return 0  # a padded row that reached the context window just sits out the rest of its batch
         if self.chunked_prefill:
             return min(left, budget)
         return left if left <= budget else 0
@@ -163,22 +177,16 @@ class Scheduler:
         self.waiting.appendleft(r)
 
     def finish(self, r: Request) -> None:
-        """r has stopped: free its blocks (static batching keeps the row until its batch ends)."""
-        if self.policy == "static" and r.status == RUNNING and any(
-                not o.padding and o is not r for o in self.running):
-            r.padding = True
-            return
+        """r has stopped: free its blocks."""
         self._remove(r)
-        if self.policy == "static" and all(o.padding for o in self.running):
-            for o in list(self.running):  # the batch is over: release the padded rows too
-                self._remove(o)
 
     def abort(self, r: Request) -> None:
-        """Drop r now, wherever it is (cancel, or an error in its stop criterion)."""
+        """Drop r now, wherever it is (cancel, or an error in its own sampling or stop criterion)."""
         self._remove(r)
-        if self.policy == "static" and self.running and all(o.padding for o in self.running):
-            for o in list(self.running):
-                self._remove(o)
+
+    def discard(self, r: Request, token: int) -> None:
+        """A token sampled for a request that had already finished: continuous batching never computes one."""
+        raise RuntimeError(f"request {r.request_id} was scheduled after it finished")
 
     def _remove(self, r: Request) -> None:
         if r in self.running:
@@ -187,5 +195,4 @@ class Scheduler:
         elif r in self.waiting:
             self.waiting.remove(r)
         r.block_table = []
-        r.padding = False
         r.status = FINISHED

@@ -148,10 +148,18 @@ def run_sequential(model, workload: list[WorkloadRequest], name: str = "sequenti
         start = max(clock, w.arrival)
         stamps: list[float] = []
         t0 = time.perf_counter()
-        out = generate(model, w.prompt, w.max_tokens, stop_criteria=[lambda g: stamps.append(time.perf_counter())])
+        out = generate(model, w.prompt, w.max_tokens, stop_criteria=[_stamper(stamps)])
         clock = start + time.perf_counter() - t0
         outputs[i] = out[0, len(w.prompt):].tolist()
         times[i] = [start + s - t0 for s in stamps]
         if progress is not None:
             progress.update(w.max_tokens)
     return RunResult(name, outputs, [w.arrival for w in workload], times)
+
+
+def _stamper(stamps: list[float]):
+    """A stop criterion that never stops: it records when each token appeared."""
+    def stamp(generated) -> bool:
+        stamps.append(time.perf_counter())
+        return False
+    return stamp

@@ -1,7 +1,7 @@
 """Serve the course model behind an OpenAI-compatible API (chapter 14).
 
-    python -m helpers.serve                      # http://127.0.0.1:8000/v1
-    python -m helpers.serve --port 8123 --max-num-seqs 16
+    python -m helpers.serving                      # http://127.0.0.1:8000/v1
+    python -m helpers.serving --port 8123 --max-num-seqs 16
 
 Then, from any OpenAI client:
 
@@ -10,7 +10,10 @@ Then, from any OpenAI client:
     client.completions.create(model="course-target", prompt="def fib(n):", max_tokens=32, temperature=0)
 
 It listens on 127.0.0.1 unless told otherwise: the server has no authentication. The endpoints and what
-they accept are in helpers/serving/server.py and openai_api.py.
+they accept are in server.py and openai_api.py. `--parent-pid` ties its life to another process's
+(launch.ServerProcess passes its own): when that process ends, however it ends, the server exits.
+
+Left out: TLS, several workers, reloading on code changes.
 """
 from __future__ import annotations
 
@@ -30,13 +33,20 @@ def main(argv=None) -> None:
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--threads", type=int, default=1, help="torch threads for the engine")
     p.add_argument("--device", default="cpu", help="cpu, cuda or mps")
+    p.add_argument("--parent-pid", type=int, default=None, help="exit when this process has gone")
+    p.add_argument("--parent-death-signal", action="store_true",
+                   help="also ask Linux to signal us when the parent thread that started us ends")
     args = p.parse_args(argv)
+
+    from .launch import die_with_parent
+    if args.parent_pid is not None:  # before the slow imports: a parent killed during them is noticed too
+        watch = die_with_parent(args.parent_pid, use_signal=args.parent_death_signal)
 
     import torch
     import uvicorn
 
-    from .checkpoint import load_model
-    from .serving.server import create_app
+    from ..checkpoint import load_model
+    from .server import create_app
 
     torch.set_num_threads(args.threads)
     # The engine thread and the HTTP event loop share the GIL. By default a thread waiting for it may
@@ -46,8 +56,13 @@ def main(argv=None) -> None:
     model, tok = load_model("target", device=args.device)
     app = create_app(model, tok, num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,
                      max_pending=args.max_pending, enable_prefix_caching=not args.no_prefix_caching)
+    # open streams get 2 s to finish when the server is told to stop; then it stops anyway
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                                           timeout_graceful_shutdown=2))
+    if args.parent_pid is not None:
+        watch.on_exit = lambda: setattr(server, "should_exit", True)
     print(f"serving {app.state.model_name} on http://{args.host}:{args.port}/v1", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    server.run()
 
 
 if __name__ == "__main__":
