@@ -34,12 +34,12 @@ Modules, one job each (chapter in brackets). At the top, the inference code a le
     hf.py                conversion to HuggingFace LlamaForCausalLM (a test oracle)
 Shared by all of them:
     paths.py             where every file lives: checkpoints, data, figures, the caches
-    device.py            device choice and honest timing
+    device.py            device choice, and waiting for it before a clock is read
     progress.py          progress bars whose stored notebook text is the finished bar
     bench.py             python -m helpers.bench: every speed claim as a measured ratio           [BENCHMARKS.md]
 Three wings, each a folder with its own map in its __init__.py:
-    measure/             flops (counts from a config), roofline (measured ceilings), profiling,
-                         evaluate (bits per byte)                                                 [02, 06, 07]
+    measure/             timing (every timer), flops (counts from a config), roofline (measured
+                         ceilings), profiling, evaluate (bits per byte)                           [02, 06, 07]
     parallel/            tensor and pipeline parallelism, the interconnect model, worker processes [15]
     course/              what the notebooks teach with: notebook setup, plotting, widgets, diagrams,
                          layer and attention maps, chapter 05's allocation simulator, exercises/

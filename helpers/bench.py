@@ -28,13 +28,13 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
-import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 
 import torch
 
-from .device import default_device, default_dtype, synchronize, time_interleaved
+from .device import default_device, default_dtype
+from .measure.timing import compiled_step_seconds, decode_step_seconds, median, step_seconds, time_interleaved, timed
 from .paths import figures_dir
 
 
@@ -53,7 +53,7 @@ class Row:
 
     @property
     def median(self) -> float:
-        return statistics.median(self.ratios)
+        return median(self.ratios)
 
     def line(self) -> str:
         lo, hi = min(self.ratios), max(self.ratios)
@@ -65,22 +65,6 @@ class Row:
                 f"{self.candidate_abs:<16s} {goal:14s} {same} {self.note}")
 
 
-def _timed(fn, device) -> float:
-    synchronize(device)
-    t0 = time.perf_counter()
-    fn()
-    synchronize(device)
-    return time.perf_counter() - t0
-
-
-def interleaved(baseline, candidate, device, repeats: int, warmup: int = 1,
-                block: int = 1) -> tuple[list[float], list[float]]:
-    """Seconds per call of each, measured alternately so drift in machine load hits both alike (block: see
-    device.time_interleaved)."""
-    tb, tc = time_interleaved([baseline, candidate], device, repeats, warmup, block)
-    return tb, tc
-
-
 def _ratios(tb, tc):
     return [b / c for b, c in zip(tb, tc)]
 
@@ -88,32 +72,26 @@ def _ratios(tb, tc):
 # ---- rows -------------------------------------------------------------------------------------
 @torch.no_grad()
 def per_token_times(model, prompt_ids, n_new: int, use_cache: bool) -> list[float]:
-    """Seconds for each generated token (greedy), with or without the KV cache."""
+    """Seconds for each generated token (greedy), with or without the KV cache: the first is the prefill (the
+    whole prompt; recomputed or cached), each later one a step over the sequence so far (recomputed) or one
+    token (cached)."""
     from .generate import as_prompt_tensor, decode_one_token, prefill
     from .kv_cache import KVCache
 
     device = model.device
-    seq = as_prompt_tensor(prompt_ids, model)
-    times = []
+    seq = as_prompt_tensor(prompt_ids, model)  # (1, T)
     if use_cache:
         cache = KVCache.for_model(model, max_seq_len=seq.shape[1] + n_new)
-        t0 = time.perf_counter()
-        logits = prefill(model, seq, cache)
-        for _ in range(n_new):
-            tok = logits.argmax(-1, keepdim=True)
-            synchronize(device)
-            times.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            logits = decode_one_token(model, tok, cache)
-    else:
-        for _ in range(n_new):
-            t0 = time.perf_counter()
-            logits = model(seq, last_only=True, check=False)[:, -1]
-            tok = logits.argmax(-1, keepdim=True)
-            synchronize(device)
-            times.append(time.perf_counter() - t0)
-            seq = torch.cat([seq, tok], dim=1)
-    return times
+        first, logits = timed(lambda: prefill(model, seq, cache), device)  # (1, V)
+        token = logits.argmax(-1, keepdim=True)  # (1, 1)
+        later = step_seconds(lambda t: decode_one_token(model, t, cache), token, n_new - 1, device) if n_new > 1 else []
+        return [first] + later
+
+    def append_greedy(s, logits):  # (1, T), (1, V) -> (1, T + 1)
+        return torch.cat([s, logits.argmax(-1, keepdim=True)], dim=1)
+
+    return step_seconds(lambda s: model(s, last_only=True, check=False)[:, -1], seq, n_new, device,
+                        advance=append_greedy)
 
 
 def row_cache_vs_recompute(model, tok, n_new: int, repeats: int, progress) -> tuple[Row, dict]:
@@ -127,14 +105,14 @@ def row_cache_vs_recompute(model, tok, n_new: int, repeats: int, progress) -> tu
     tb = [sum(r) for r in uncached_runs]
     tc = [sum(r) for r in cached_runs]
     k = min(64, n_new // 4)
-    cached_med = [statistics.median(x) for x in zip(*cached_runs)]
-    growth = statistics.median(cached_med[-k:]) / statistics.median(cached_med[1:k + 1])
+    cached_med = [median(x) for x in zip(*cached_runs)]
+    growth = median(cached_med[-k:]) / median(cached_med[1:k + 1])
     row = Row(f"KV cache vs recompute, {n_new} tokens", "recompute", "KV cache", _ratios(tb, tc),
-              f"{n_new / statistics.median(tb):.0f} tok/s", f"{n_new / statistics.median(tc):.0f} tok/s",
+              f"{n_new / median(tb):.0f} tok/s", f"{n_new / median(tc):.0f} tok/s",
               target=15.0 if n_new >= 1000 else None,
               note=f"cached per-token time, last {k} / first {k}: {growth:.2f}x (goal <= 1.5)",
               extra={"cached_growth": growth})
-    curves = {"cached": cached_med, "uncached": [statistics.median(x) for x in zip(*uncached_runs)]}
+    curves = {"cached": cached_med, "uncached": [median(x) for x in zip(*uncached_runs)]}
     return row, curves
 
 
@@ -158,34 +136,12 @@ def row_vs_transformers(model, tok, n_new: int, repeats: int, fast, progress) ->
         candidates.append(("helpers compiled step", lambda: fast.generate(prompt, n_new)))
     for label, fn in candidates:
         same = torch.equal(fn(), ref)
-        tb, tc = interleaved(theirs, fn, model.device, repeats)
+        tb, tc = time_interleaved([theirs, fn], model.device, repeats)
         progress()
         rows.append(Row(f"{label} vs transformers generate", "HF generate", label, _ratios(tb, tc),
-                        f"{n_new / statistics.median(tb):.0f} tok/s", f"{n_new / statistics.median(tc):.0f} tok/s",
+                        f"{n_new / median(tb):.0f} tok/s", f"{n_new / median(tc):.0f} tok/s",
                         target=3.0, same_output=same, note=f"{n_new} greedy tokens"))
     return rows
-
-
-@torch.no_grad()
-def decode_step_seconds(model, n_steps: int = 16, context: int = 16, seed: int = 0) -> float:
-    """Median seconds of one batch-1 greedy decode step after a `context`-token random prompt."""
-    from .generate import decode_one_token, prefill
-    from .kv_cache import KVCache
-
-    device = model.device
-    g = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(0, model.cfg.vocab_size, (1, context), generator=g).to(device)
-    cache = KVCache.for_model(model, max_seq_len=context + n_steps + 1)
-    logits = prefill(model, prompt, cache)
-    times = []
-    for _ in range(n_steps):
-        tok = logits.argmax(-1, keepdim=True)
-        synchronize(device)
-        t0 = time.perf_counter()
-        logits = decode_one_token(model, tok, cache)
-        synchronize(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def random_model(preset: str, device, dtype):
@@ -215,10 +171,10 @@ def row_decode_bandwidth(model, repeats: int, progress) -> Row:
     achieved = [bytes_per_token / s for s in step_runs]
     return Row(f"decode bandwidth, {matmul_parameters(cfg) / 1e6:.0f}M random weights", "copy bandwidth",
                "decode", [a / b for a, b in zip(achieved, bw_runs)],
-               f"{statistics.median(bw_runs) / 1e9:.1f} GB/s copy",
-               f"{statistics.median(achieved) / 1e9:.1f} GB/s decode",
+               f"{median(bw_runs) / 1e9:.1f} GB/s copy",
+               f"{median(achieved) / 1e9:.1f} GB/s decode",
                target=0.6, note=f"{bytes_per_token / 1e6:.0f} MB read per token, "
-                                f"{statistics.median(step_runs) * 1e3:.1f} ms/token (ratio, not speedup)")
+                                f"{median(step_runs) * 1e3:.1f} ms/token (ratio, not speedup)")
 
 
 def rows_quantized(model, repeats: int, progress) -> list[Row]:
@@ -238,33 +194,10 @@ def rows_quantized(model, repeats: int, progress) -> list[Row]:
             tc.append(decode_step_seconds(qmodel))
         progress()
         rows.append(Row(f"{label} vs {base_name}, batch-1 decode", base_name, label, _ratios(tb, tc),
-                        f"{1 / statistics.median(tb):.1f} tok/s", f"{1 / statistics.median(tc):.1f} tok/s",
+                        f"{1 / median(tb):.1f} tok/s", f"{1 / median(tc):.1f} tok/s",
                         target=target, note=f"{model.num_parameters() / 1e6:.0f}M random weights"))
         del qmodel
     return rows
-
-
-@torch.no_grad()
-def compiled_step_seconds(fast, n_steps: int = 16, context: int = 16, seed: int = 0) -> float:
-    """decode_step_seconds for a FastGenerator: median seconds of one compiled batch-1 step after a
-    `context`-token random prompt (prefilled eagerly, as FastGenerator.generate does)."""
-    from .generate import prefill
-
-    model, device = fast.model, fast.model.device
-    g = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(0, model.cfg.vocab_size, (1, context), generator=g).to(device)
-    logits = prefill(fast.decode_model, prompt, fast.cache)
-    pos = torch.tensor([context], device=device)
-    times = []
-    for _ in range(n_steps):
-        tok = logits.argmax(-1, keepdim=True)  # (1, 1)
-        synchronize(device)
-        t0 = time.perf_counter()
-        logits = fast.step(tok, pos)
-        synchronize(device)
-        times.append(time.perf_counter() - t0)
-        pos += 1
-    return statistics.median(times)
 
 
 def decode_byte_ratio(model, qmodel, n_past: int) -> float:
@@ -317,8 +250,8 @@ def rows_quantized_compiled(model, repeats: int, progress) -> list[Row]:
         progress()
         label = f"{method} weight-only" + (", group 64" if method == "int4" else "")
         rows.append(Row(f"{label} compiled ({kernel}) vs {base_name} compiled, batch-1 decode", f"{base_name} compiled",
-                        f"{method} {kernel}", _ratios(tb, tc), f"{statistics.median(tb) * 1e3:.1f} ms",
-                        f"{statistics.median(tc) * 1e3:.1f} ms", target=round(bound / 2, 2),
+                        f"{method} {kernel}", _ratios(tb, tc), f"{median(tb) * 1e3:.1f} ms",
+                        f"{median(tc) * 1e3:.1f} ms", target=round(bound / 2, 2),
                         note=f"byte ratio {bound:.2f}x; {source} in {secs:.0f} s; "
                              f"{model.num_parameters() / 1e6:.0f}M random weights"))
         del qmodel
@@ -359,28 +292,29 @@ def rows_speculative(target, draft, tok, n_new: int, repeats: int, progress) -> 
     rows = []
     stats = {}
 
-    def spec(key, p, **kw):
-        out, st = speculative_generate(target, draft, p, n_new, **kw)
-        stats[key] = stats.get(key, SpeculativeStats()).merge(st)
+    def plain(p, temperature, g):
+        return generate(target, p, n_new, temperature=temperature, generator=g)
+
+    def speculative(label, p, temperature, g):  # the row's candidate; draft-model rows keep their statistics
+        if "prompt lookup" in label:
+            return prompt_lookup_generate(target, p, n_new)[0]
+        out, st = speculative_generate(target, draft, p, n_new, temperature=temperature, generator=g)
+        stats[label] = stats.get(label, SpeculativeStats()).merge(st)
         return out
 
-    # each fn runs inside its own iteration, so `label` inside it is that row's label
-    for label, temperature, fn, target_ratio in [
-        ("speculative, draft model, greedy", 0.0, lambda p, g: spec(label, p), 2.0),
-        ("speculative, draft model, T=1", 1.0, lambda p, g: spec(label, p, temperature=1.0, generator=g), 1.3),
-        ("speculative, prompt lookup, greedy", 0.0, lambda p, g: prompt_lookup_generate(target, p, n_new)[0], None),
-    ]:
+    for label, temperature, target_ratio in [("speculative, draft model, greedy", 0.0, 2.0),
+                                             ("speculative, draft model, T=1", 1.0, 1.3),
+                                             ("speculative, prompt lookup, greedy", 0.0, None)]:
         tb, tc, same = [], [], True
         for r in range(repeats):
             for p in prompts:
                 gb, gc = torch.Generator().manual_seed(r), torch.Generator().manual_seed(r)
-                out_b = {}
-                tb.append(_timed(lambda: out_b.setdefault("x", generate(target, p, n_new, temperature=temperature,
-                                                                         generator=gb)), target.device))
-                out_c = {}
-                tc.append(_timed(lambda: out_c.setdefault("x", fn(p, gc)), target.device))
+                seconds, out_b = timed(partial(plain, p, temperature, gb), target.device)
+                tb.append(seconds)
+                seconds, out_c = timed(partial(speculative, label, p, temperature, gc), target.device)
+                tc.append(seconds)
                 if temperature == 0:
-                    same &= torch.equal(out_b["x"], out_c["x"])
+                    same &= torch.equal(out_b, out_c)
         progress()
         pairs = [sum(tb[i:i + len(prompts)]) / sum(tc[i:i + len(prompts)]) for i in range(0, len(tb), len(prompts))]
         note = "" if temperature == 0 else "distribution: tests/test_speculative.py"
@@ -404,10 +338,10 @@ def rows_speculative(target, draft, tok, n_new: int, repeats: int, progress) -> 
 
     with torch.inference_mode():
         target(ids, cache=cache)
-        tb, tc = interleaved(step(DEFAULT_GAMMA + 1), step(1), target.device, 30 * repeats, warmup=5)
+        tb, tc = time_interleaved([step(DEFAULT_GAMMA + 1), step(1)], target.device, 30 * repeats, warmup=5)
     rows.append(Row(f"cost of a {DEFAULT_GAMMA + 1}-token verify pass / 1 step", f"{DEFAULT_GAMMA + 1} tokens",
-                    "1 token", _ratios(tb, tc), f"{statistics.median(tb) * 1e3:.2f} ms",
-                    f"{statistics.median(tc) * 1e3:.2f} ms",
+                    "1 token", _ratios(tb, tc), f"{median(tb) * 1e3:.2f} ms",
+                    f"{median(tc) * 1e3:.2f} ms",
                     note="speculation pays when this is near 1 (memory-bound decode)"))
     return rows
 
@@ -468,25 +402,26 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
     def step(T):
         return lambda: fast.forward(tokens[T], positions[T])
 
-    # each timed warm, in blocks of 5 calls (device.time_interleaved): called one after the other, the step and
+    # each timed warm, in blocks of 5 calls (measure.timing.time_interleaved): called one after the other, the step and
     # the verify pass (two copies of the weights) or the draft evict each other's data from the CPU's caches
     # and without dynamo's guard checks, as the plain and speculative loops run after their first step (every
     # graph here has had them checked: fast_decode.guards_checked_once)
     verify_times, warm = {}, dict(repeats=10 * repeats, warmup=5, block=5)
     with torch.no_grad(), guards_checked_once():
         for g in gammas:
-            verify_times[g] = interleaved(step(g + 1), step(1), target.device, **warm)
+            verify_times[g] = time_interleaved([step(g + 1), step(1)], target.device, **warm)
         # and what a draft proposal costs next to a target step: gamma of them per round
-        td, t1 = interleaved(lambda: fast_draft.forward(tokens[1], positions[1]), step(1), target.device, **warm)
+        td, t1 = time_interleaved([lambda: fast_draft.forward(tokens[1], positions[1]), step(1)], target.device,
+                                  **warm)
         # and a whole round as one graph (gamma draft steps inside it, then the verify pass), where it compiled
         round_costs = {}
         for temperature, g in ((0.0, gamma), (1.0, sampled_gamma)):
             run = fused_round_call(fast, fast_draft, g, T0, sampled=temperature > 0)
             if run is not None:
-                tr, ts = interleaved(run, step(1), target.device, **warm)
-                round_costs[temperature] = statistics.median(tr) / statistics.median(ts)
-    v = {g: statistics.median(tv) / statistics.median(t) for g, (tv, t) in verify_times.items()}
-    c = statistics.median(td) / statistics.median(t1)
+                tr, ts = time_interleaved([run, step(1)], target.device, **warm)
+                round_costs[temperature] = median(tr) / median(ts)
+    v = {g: median(tv) / median(t) for g, (tv, t) in verify_times.items()}
+    c = median(td) / median(t1)
 
     rows, stats = [], {}
     variants = [("greedy", 0.0, gamma, True, 2.0), ("greedy, models called one at a time", 0.0, gamma, False, None),
@@ -496,21 +431,19 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
         variants = [v for v in variants if v[3]]
     for name, temperature, g, fuse, target_ratio in variants:
         tb, tc, same = [], [], True
+        plain = partial(fast.generate, max_new_tokens=n_new, temperature=temperature)
+        spec = partial(speculative_generate, fast, fast_draft, max_new_tokens=n_new, gamma=g, temperature=temperature,
+                       fuse_rounds=fuse)
         for r in range(repeats):
             for p in prompts:
                 gb, gc = torch.Generator().manual_seed(r), torch.Generator().manual_seed(r)
-                out_b, out_c = {}, {}
-                tb.append(_timed(lambda: out_b.setdefault("x", fast.generate(p, n_new, temperature=temperature,
-                                                                              generator=gb)), target.device))
-
-                def spec():
-                    out, st = speculative_generate(fast, fast_draft, p, n_new, gamma=g, temperature=temperature,
-                                                   generator=gc, fuse_rounds=fuse)
-                    stats[name] = stats.get(name, SpeculativeStats()).merge(st)
-                    return out
-                tc.append(_timed(lambda: out_c.setdefault("x", spec()), target.device))
+                seconds, out_b = timed(partial(plain, p, generator=gb), target.device)
+                tb.append(seconds)
+                seconds, (out_c, st) = timed(partial(spec, p, generator=gc), target.device)
+                tc.append(seconds)
+                stats[name] = stats.get(name, SpeculativeStats()).merge(st)
                 if temperature == 0:
-                    same &= torch.equal(out_b["x"], out_c["x"])
+                    same &= torch.equal(out_b, out_c)
         progress()
         pairs = [sum(tb[i:i + len(prompts)]) / sum(tc[i:i + len(prompts)]) for i in range(0, len(tb), len(prompts))]
         st = stats[name]
@@ -537,7 +470,7 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
     for g in gammas:
         tv, t = verify_times[g]
         rows.append(Row(f"compiled{label}: cost of a {g + 1}-token verify pass / 1 step", f"{g + 1} tokens", "1 token",
-                        _ratios(tv, t), f"{statistics.median(tv) * 1e3:.2f} ms", f"{statistics.median(t) * 1e3:.2f} ms",
+                        _ratios(tv, t), f"{median(tv) * 1e3:.2f} ms", f"{median(t) * 1e3:.2f} ms",
                         note=f"speculation pays when this is near 1; a draft step costs {c:.2f} target steps",
                         extra={"draft_step_over_target_step": c}))
     return rows
@@ -578,17 +511,17 @@ def rows_compile_levers(model, tok, n_new: int, repeats: int, fast, progress, tu
     for label, cand in levers:
         secs = cand.warmup()
         same = torch.equal(cand.generate(prompt, n_new), ref)
-        tb, tc = interleaved(plain, lambda cand=cand: cand.generate(prompt, n_new), model.device, repeats)
+        tb, tc = time_interleaved([plain, lambda cand=cand: cand.generate(prompt, n_new)], model.device, repeats)
         progress()
         rows.append(Row(f"compiled: {label} vs buffer {S}", f"buffer {S}", label, _ratios(tb, tc),
-                        f"{statistics.median(tb) / n_new * 1e3:.2f} ms/token",
-                        f"{statistics.median(tc) / n_new * 1e3:.2f} ms/token", same_output=same,
+                        f"{median(tb) / n_new * 1e3:.2f} ms/token",
+                        f"{median(tc) / n_new * 1e3:.2f} ms/token", same_output=same,
                         note=f"{cand.compile_source} in {secs:.0f} s"))
     cache = KVCache.for_model(model, max_seq_len=S)
-    tp, tg = interleaved(lambda: prefill(model, prompt, cache), plain, model.device, repeats)
+    tp, tg = time_interleaved([lambda: prefill(model, prompt, cache), plain], model.device, repeats)
     rows.append(Row(f"eager prefill ({prompt.shape[1]} tokens) / compiled generation", "generation", "prefill",
-                    [p / g for p, g in zip(tp, tg)], f"{statistics.median(tg) * 1e3:.0f} ms",
-                    f"{statistics.median(tp) * 1e3:.2f} ms",
+                    [p / g for p, g in zip(tp, tg)], f"{median(tg) * 1e3:.0f} ms",
+                    f"{median(tp) * 1e3:.2f} ms",
                     note="fraction, not speedup: the most that compiling prefill could save"))
     return rows
 
@@ -609,17 +542,17 @@ def row_compiled_vs_limit(model, tok, n_new: int, repeats: int, fast, progress, 
     for _ in range(repeats):
         bw = measure_copy_bandwidth(device).per_second
         peak = measure_matmul_flops(device, repeats=3).per_second
-        per_token = _timed(lambda: fast.generate(prompt, n_new), device) / n_new
+        per_token = timed(lambda: fast.generate(prompt, n_new), device)[0] / n_new
         limit = roofline_time(step_flops, step_bytes, peak, bw)
         ratios.append(limit / per_token)
         measured.append(per_token)
         limits.append(limit)
     progress()
     note = f"{step_bytes / 1e6:.1f} MB/token; fraction of the limit reached"
-    if statistics.median(ratios) > 1:  # the copy bandwidth is main memory's; these weights did not come from it
+    if median(ratios) > 1:  # the copy bandwidth is main memory's; these weights did not come from it
         note += " (above 1: the weights stayed in the CPU's caches, faster than main memory)"
     return Row(f"{label} vs its roofline ceiling", "ceiling", "compiled", ratios,
-               f"{statistics.median(limits) * 1e3:.2f} ms ceiling", f"{statistics.median(measured) * 1e3:.2f} ms/token",
+               f"{median(limits) * 1e3:.2f} ms ceiling", f"{median(measured) * 1e3:.2f} ms/token",
                target=round(1 / 1.5, 2), note=note)
 
 
@@ -639,7 +572,7 @@ def rows_precision(model, big, repeats: int, progress) -> list[Row]:
             tc.append(decode_step_seconds(low))
         progress()
         rows.append(Row(f"bf16 vs fp32 decode step, {label}", "fp32", "bf16", _ratios(tb, tc),
-                        f"{statistics.median(tb) * 1e3:.2f} ms", f"{statistics.median(tc) * 1e3:.2f} ms",
+                        f"{median(tb) * 1e3:.2f} ms", f"{median(tc) * 1e3:.2f} ms",
                         note=f"CPU capability {torch.backends.cpu.get_cpu_capability()}: the kernels decide"))
         del low
     return rows
@@ -665,8 +598,8 @@ def rows_precision_compiled(model, big, repeats: int, progress) -> list[Row]:
             tb, tc, secs, source = _time_against_compiled(base, qm, repeats, n_steps, context)
             bound = decode_byte_ratio(m, qm, context + n_steps // 2)
             rows.append(Row(f"{method} weights, fp32 arithmetic, compiled vs fp32 compiled, {label}", "fp32 compiled",
-                            f"{method} weights", _ratios(tb, tc), f"{statistics.median(tb) * 1e3:.2f} ms",
-                            f"{statistics.median(tc) * 1e3:.2f} ms", target=1.0,
+                            f"{method} weights", _ratios(tb, tc), f"{median(tb) * 1e3:.2f} ms",
+                            f"{median(tc) * 1e3:.2f} ms", target=1.0,
                             note=f"byte ratio {bound:.2f}x; {source} in {secs:.0f} s"))
             del qm
         progress()
@@ -708,11 +641,11 @@ def rows_llama_cpp(model, tok, n_new: int, repeats: int, fast, progress, label: 
                 return out
 
             same = theirs() == fast.generate(prompt, n_new)[0, len(prompt_ids):].tolist()
-            tb, tc = interleaved(theirs, lambda: fast.generate(prompt, n_new), model.device, repeats)
+            tb, tc = time_interleaved([theirs, lambda: fast.generate(prompt, n_new)], model.device, repeats)
             progress()
             rows.append(Row(f"{label} vs llama.cpp {file_type}", f"llama.cpp {file_type}",
-                            "compiled step", _ratios(tb, tc), f"{n_new / statistics.median(tb):.0f} tok/s",
-                            f"{n_new / statistics.median(tc):.0f} tok/s",
+                            "compiled step", _ratios(tb, tc), f"{n_new / median(tb):.0f} tok/s",
+                            f"{n_new / median(tc):.0f} tok/s",
                             target=round(1 / 1.5, 2) if file_type == "f32" else None,
                             same_output=same,
                             note=f"llama-cpp-python {llama_cpp.__version__}, same weights, f32 KV cache"))

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..device import default_dtype, time_call
+from ..device import default_dtype
+from .timing import time_call
 
 
 @dataclass(frozen=True)
