@@ -21,9 +21,10 @@ class FigureTextError(ValueError):
 
 def _texts(fig) -> list:
     """(kind, axes or None, Text) for every visible, non-empty text the figure draws."""
-    found = [("figure text", None, t) for t in fig.texts]
-    if getattr(fig, "_suptitle", None) is not None:
-        found.append(("suptitle", None, fig._suptitle))
+    suptitle = getattr(fig, "_suptitle", None)  # matplotlib also lists it in fig.texts: count it once
+    found = [("suptitle" if t is suptitle else "figure text", None, t) for t in fig.texts]
+    if suptitle is not None and suptitle not in fig.texts:
+        found.append(("suptitle", None, suptitle))
     for ax in fig.axes:
         for t in (ax.title, ax._left_title, ax._right_title, ax.xaxis.label, ax.yaxis.label):
             found.append(("axis label", ax, t))
