@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from helpers.course.exercises import ExerciseNotRight, ch00, ch03
+from helpers.course.exercises import ExerciseNotRight, ch00, ch02, ch03
 from helpers.course.exercises.prediction import check_prediction
 from helpers.model import ModelConfig, Transformer
 
@@ -89,3 +89,31 @@ def test_ch03_last_position_prediction(capsys):
     assert "correct" in capsys.readouterr().out
     with pytest.raises(ExerciseNotRight, match="nats/token"):
         ch03.check_3(1.0, model, batch)
+
+
+def test_ch02_checks(course_model, capsys):
+    model, tok = course_model
+    ch02.check_1(-math.log(0.1 / 2047))
+    ch02.check_3(lambda p, n: sum(p + k for k in range(n)))
+    ch02.check_4(16 * 1000, 1000)
+    assert capsys.readouterr().out.count("correct") == 3
+    with pytest.raises(ExerciseNotRight, match="count the positions"):
+        ch02.check_3(lambda p, n: p + n - 1)  # one teacher-forced pass, not n passes
+    with pytest.raises(ExerciseNotRight):
+        ch02.check_4(8 * 1000, 1000)  # "AdamW keeps two copies": the state alone
+
+
+def test_ch02_less_context_costs_bits(course_model, capsys):
+    model, tok = course_model
+    batch = torch.tensor([tok.encode("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
+                                     "\n\nclass Stack:\n    def push(self, x):\n        self.items.append(x)\n",
+                                     bos=True)[:33]])  # (1, 33): one window of 32 predictions
+    full = ch02.bits_per_byte_with_context(model, tok, batch, 32)
+    one = ch02.bits_per_byte_with_context(model, tok, batch, 1)
+    assert one > full  # less context, more bits
+    ch02.check_2(one, model, tok, batch)
+    assert "correct" in capsys.readouterr().out
+    with pytest.raises(ExerciseNotRight, match="this run measured"):
+        ch02.check_2(full, model, tok, batch)  # "the context does not matter"
+    with pytest.raises(ValueError, match="must divide"):
+        ch02.bits_per_byte_with_context(model, tok, batch, 5)
