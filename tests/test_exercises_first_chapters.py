@@ -117,3 +117,13 @@ def test_ch02_less_context_costs_bits(course_model, capsys):
         ch02.check_2(full, model, tok, batch)  # "the context does not matter"
     with pytest.raises(ValueError, match="must divide"):
         ch02.bits_per_byte_with_context(model, tok, batch, 5)
+
+
+def test_a_right_answer_says_what_to_notice_and_a_wrong_one_does_not(capsys):
+    from helpers.course.exercises import exercise
+
+    exercise("0.8", 3, lambda a: a == 3, notice=lambda: "three, as it should be")
+    assert capsys.readouterr().out == "Exercise 0.8: correct\n  three, as it should be\n"
+    with pytest.raises(ExerciseNotRight):
+        exercise("0.8", 4, lambda a: a == 3, notice=lambda: 1 / 0)  # never computed for a wrong answer
+    exercise("0.8", ..., lambda a: a == 3, notice=lambda: 1 / 0)  # nor for one not attempted

@@ -29,10 +29,12 @@ class ExerciseNotRight(AssertionError):
     """The learner's answer was checked and is wrong (an AssertionError, so nbval reports it as a failure)."""
 
 
-def exercise(label: str, answer: Any, is_right: Callable[[Any], Any], hint: str = "") -> None:
+def exercise(label: str, answer: Any, is_right: Callable[[Any], Any], hint: str = "",
+             notice: str | Callable[[], str] = "") -> None:
     """Check one answer. `is_right(answer)` returns a truthy value for a right answer (it may also raise
     AssertionError with its own message). Prints one line when right or not attempted (and returns None,
-    so a check cell shows only that line); a wrong answer raises ExerciseNotRight with `hint`."""
+    so a check cell shows only that line), and after a right answer `notice`, what to see in it (a callable
+    is called only then, so it may use the answer); a wrong answer raises ExerciseNotRight with `hint`."""
     if answer is NOT_ATTEMPTED or (isinstance(answer, tuple) and any(a is NOT_ATTEMPTED for a in answer)):
         print(f"Exercise {label}: not attempted yet (replace the ... in the cell above, then re-run this check)")
         return None
@@ -51,3 +53,6 @@ def exercise(label: str, answer: Any, is_right: Callable[[Any], Any], hint: str 
             message += f" (hint: {hint})"
         raise ExerciseNotRight(message)
     print(f"Exercise {label}: correct")
+    said = notice() if callable(notice) else notice
+    if said:
+        print(f"  {said}")

@@ -35,13 +35,13 @@ def check_1(block_params) -> None:
                 f"for the {name!r} preset your function gives {int(got):,}, which is not one block's count")
         return True
 
+    cfg = ModelConfig.from_preset("target")
+    total = cfg.vocab_size * cfg.d_model + cfg.n_layers * block_parameters(cfg) + cfg.d_model
     exercise("00.1", block_params, right,
-             hint="no biases; wqkv is ((n_heads + 2 n_kv_heads) x head_dim, d_model), w_gate_up is (2 d_ff, d_model)")
-    if block_params is not ...:
-        cfg = ModelConfig.from_preset("target")
-        total = cfg.vocab_size * cfg.d_model + cfg.n_layers * block_parameters(cfg) + cfg.d_model
-        print(f"  one block holds {block_parameters(cfg):,} parameters; {cfg.n_layers} blocks are "
-              f"{cfg.n_layers * block_parameters(cfg) / total:.0%} of the model, the embedding table most of the rest")
+             hint="no biases; wqkv is ((n_heads + 2 n_kv_heads) x head_dim, d_model), w_gate_up is (2 d_ff, d_model)",
+             notice=(f"one block holds {block_parameters(cfg):,} parameters; {cfg.n_layers} blocks are "
+                     f"{cfg.n_layers * block_parameters(cfg) / total:.0%} of the model, the embedding table most of "
+                     "the rest"))
 
 
 def measure_bits_per_byte(model, tok, text: str) -> float:
@@ -80,7 +80,6 @@ def check_3(greedy_next, model, tok) -> None:
         return True
 
     exercise("00.3", greedy_next, right,
-             hint="encode with bos=True, run model(...) once, take argmax of the last position's logits, decode it")
-    if greedy_next is not ...:
-        print(f"  on {len(PROMPTS)} prompts your function picks what generate() would write first: "
-              "generation is this step in a loop, each new token appended to the input (chapter 04)")
+             hint="encode with bos=True, run model(...) once, take argmax of the last position's logits, decode it",
+             notice=(f"on {len(PROMPTS)} prompts your function picks what generate() would write first: "
+                     "generation is this step in a loop, each new token appended to the input (chapter 04)"))

@@ -59,10 +59,9 @@ def check_2(encode_with_merges) -> None:
         return True
 
     exercise("01.2", encode_with_merges, right,
-             hint="split with SPLIT_PATTERN, list each chunk's UTF-8 bytes, apply every merge in learned order")
-    if encode_with_merges is not ...:
-        print(f"  {len(tok.merges):,} merges, applied in the order they were learned, reproduce the tokenizer: "
-              "encoding is training replayed, with no counting left to do")
+             hint="split with SPLIT_PATTERN, list each chunk's UTF-8 bytes, apply every merge in learned order",
+             notice=(f"{len(tok.merges):,} merges, applied in the order they were learned, reproduce the tokenizer: "
+                     "encoding is training replayed, with no counting left to do"))
 
 
 def rope_off_ratio(model, tok) -> float:

@@ -19,10 +19,10 @@ def check_1(loss_confident_wrong) -> None:
     a true token that is one of those 2,047."""
     exercise("02.1", loss_confident_wrong,
              lambda a: abs(float(a) - math.log(2047 / 0.1)) < 1e-6,
-             hint="the loss is -ln p of the true token; what probability does it get?")
-    if loss_confident_wrong is not ...:
-        print(f"  {float(loss_confident_wrong):.2f} nats, {float(loss_confident_wrong) - math.log(2048):.2f} more than "
-              "a uniform guess: confidence in the wrong token costs more than knowing nothing")
+             hint="the loss is -ln p of the true token; what probability does it get?",
+             notice=lambda: (f"{float(loss_confident_wrong):.2f} nats, "
+                             f"{float(loss_confident_wrong) - math.log(2048):.2f} more than a uniform guess: "
+                             "confidence in the wrong token costs more than knowing nothing"))
 
 
 def bits_per_byte_with_context(model, tok, batch: torch.Tensor, context: int) -> float:
@@ -60,10 +60,9 @@ def check_3(tokens_processed) -> None:
             assert got == want, f"tokens_processed({p}, {n}) gives {got}; count the positions of every pass"
         return True
     exercise("02.3", tokens_processed, right,
-             hint="step k (from 0) runs over p + k tokens; a function of p and n returning an int")
-    if tokens_processed is not ...:
-        print(f"  64 prompt tokens and 32 new ones: {tokens_processed(64, 32):,} positions without a cache, against "
-              f"{64 + 32 - 1} for one teacher-forced pass over the same text")
+             hint="step k (from 0) runs over p + k tokens; a function of p and n returning an int",
+             notice=lambda: (f"64 prompt tokens and 32 new ones: {tokens_processed(64, 32):,} positions without a "
+                             f"cache, against {64 + 32 - 1} for one teacher-forced pass over the same text"))
 
 
 def check_4(static_bytes, n_params: int) -> None:

@@ -22,9 +22,8 @@ def check_1(sw) -> None:
         assert m.shape == (6, 6), f"expected shape (6, 6), got {tuple(m.shape)}"
         assert bool(((m == 0) | (m == float("-inf"))).all()), "every entry should be 0 or -inf"
         return torch.equal(m == 0, causal_mask(6, 6, window=3))
-    exercise("03.1", sw, right, hint="query i sees keys j with j <= i and j > i - window")
-    if sw is not ...:
-        print("  every row sees at most 3 keys, so a cache of the last 3 positions is all a decode step needs")
+    exercise("03.1", sw, right, hint="query i sees keys j with j <= i and j > i - window",
+             notice="every row sees at most 3 keys, so a cache of the last 3 positions is all a decode step needs")
 
 
 def reference_masked_softmax(scores: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
@@ -55,10 +54,9 @@ def check_2(safe_masked_softmax) -> None:
         return True
 
     exercise("03.2", safe_masked_softmax, right,
-             hint="mask with -inf and softmax, then put zeros in the rows where nothing is visible (torch.where)")
-    if safe_masked_softmax is not ...:
-        print("  a padded batch can now run with -inf: the empty rows of the padding give zeros, not NaN, "
-              "as PyTorch's scaled_dot_product_attention does")
+             hint="mask with -inf and softmax, then put zeros in the rows where nothing is visible (torch.where)",
+             notice=("a padded batch can now run with -inf: the empty rows of the padding give zeros, not NaN, "
+                     "as PyTorch's scaled_dot_product_attention does"))
 
 
 def last_position_loss(model, batch: torch.Tensor) -> float:

@@ -38,7 +38,9 @@ def check_prediction(label: str, predicted, measure: Callable[[], float], *, uni
                                      f"so your guess is {off:+.0%} off (within {rel_tol:.0%} counts)")
         return True
 
-    exercise(label, predicted, is_right)
-    said = notice(measured) if callable(notice) else notice
-    print(f"  measured {measured:.3g} {unit}; you predicted {float(predicted):.3g} "
-          f"({float(predicted) / measured - 1:+.0%}). {said}".rstrip())
+    def what_to_notice() -> str:
+        said = notice(measured) if callable(notice) else notice
+        return (f"measured {measured:.3g} {unit}; you predicted {float(predicted):.3g} "
+                f"({float(predicted) / measured - 1:+.0%}). {said}".rstrip())
+
+    exercise(label, predicted, is_right, notice=what_to_notice)
