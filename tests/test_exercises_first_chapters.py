@@ -18,20 +18,20 @@ def course_model():
 
 
 def test_prediction_within_the_band_is_right_and_says_what_to_notice(capsys):
-    check_prediction("0.9", 2.2, lambda: 2.0, unit="bits/byte", rel_tol=0.25, notice="notice this")
+    check_prediction("0.9", 2.2, lambda: 2.0, unit="bits/byte", name="guess", rel_tol=0.25, notice="notice this")
     out = capsys.readouterr().out
     assert "Exercise 0.9: correct" in out and "measured 2 bits/byte; you predicted 2.2 (+10%). notice this" in out
 
 
 def test_prediction_outside_the_band_fails_with_the_measurement():
     with pytest.raises(ExerciseNotRight, match=r"you predicted 1 bits/byte; this run measured 2 bits/byte.*-50% off"):
-        check_prediction("0.9", 1.0, lambda: 2.0, unit="bits/byte", rel_tol=0.25)
+        check_prediction("0.9", 1.0, lambda: 2.0, unit="bits/byte", name="guess", rel_tol=0.25)
     with pytest.raises(ExerciseNotRight, match="ValueError"):
-        check_prediction("0.9", "two", lambda: 2.0, unit="bits/byte")
+        check_prediction("0.9", "two", lambda: 2.0, unit="bits/byte", name="guess")
 
 
 def test_prediction_not_attempted_measures_nothing(capsys):
-    check_prediction("0.9", ..., lambda: 1 / 0, unit="x")
+    check_prediction("0.9", ..., lambda: 1 / 0, unit="x", name="guess")
     assert "not attempted yet" in capsys.readouterr().out
 
 
@@ -49,21 +49,21 @@ def test_ch00_english_bits_per_byte_and_greedy_next(course_model, capsys):
     model, tok = course_model
     measured = ch00.measure_bits_per_byte(model, tok, ch00.ENGLISH)
     assert 1.5 * model.training_record["val_bits_per_byte"] < measured < math.log2(tok.vocab_size)
-    ch00.check_2(measured * 1.1, model, tok)
+    ch00.check_2(model, tok, measured * 1.1)
     with pytest.raises(ExerciseNotRight, match="this run measured"):
-        ch00.check_2(model.training_record["val_bits_per_byte"], model, tok)  # "as good as on code"
+        ch00.check_2(model, tok, model.training_record["val_bits_per_byte"])  # "as good as on code"
 
     def greedy_next(text):
         with torch.no_grad():
             logits = model(torch.tensor([tok.encode(text, bos=True)]))
         return tok.decode([int(logits[0, -1].argmax())])
 
-    ch00.check_3(greedy_next, model, tok)
+    ch00.check_3(model, tok, greedy_next)
     assert capsys.readouterr().out.count("correct") == 2
     with pytest.raises(ExerciseNotRight, match="not the model's favourite"):
-        ch00.check_3(lambda text: " os", model, tok)
+        ch00.check_3(model, tok, lambda text: " os")
     with pytest.raises(ExerciseNotRight, match="a str"):
-        ch00.check_3(lambda text: 3, model, tok)
+        ch00.check_3(model, tok, lambda text: 3)
 
 
 def test_ch03_masks(capsys):
@@ -85,22 +85,21 @@ def test_ch03_last_position_prediction(capsys):
     batch = torch.randint(0, 256, (8, 17))
     measured = ch03.last_position_loss(model, batch)
     assert abs(measured - math.log(256)) < 0.3
-    ch03.check_3(measured, model, batch)
+    ch03.check_3(model, batch, measured)
     assert "correct" in capsys.readouterr().out
     with pytest.raises(ExerciseNotRight, match="nats/token"):
-        ch03.check_3(1.0, model, batch)
+        ch03.check_3(model, batch, 1.0)
 
 
-def test_ch02_checks(course_model, capsys):
-    model, tok = course_model
+def test_ch02_checks(capsys):
     ch02.check_1(-math.log(0.1 / 2047))
     ch02.check_3(lambda p, n: sum(p + k for k in range(n)))
-    ch02.check_4(16 * 1000, 1000)
+    ch02.check_4(1000, 16 * 1000)
     assert capsys.readouterr().out.count("correct") == 3
     with pytest.raises(ExerciseNotRight, match="count the positions"):
         ch02.check_3(lambda p, n: p + n - 1)  # one teacher-forced pass, not n passes
     with pytest.raises(ExerciseNotRight):
-        ch02.check_4(8 * 1000, 1000)  # "AdamW keeps two copies": the state alone
+        ch02.check_4(1000, 8 * 1000)  # "AdamW keeps two copies": the state alone
 
 
 def test_ch02_less_context_costs_bits(course_model, capsys):
@@ -111,10 +110,10 @@ def test_ch02_less_context_costs_bits(course_model, capsys):
     full = ch02.bits_per_byte_with_context(model, tok, batch, 32)
     one = ch02.bits_per_byte_with_context(model, tok, batch, 1)
     assert one > full  # less context, more bits
-    ch02.check_2(one, model, tok, batch)
+    ch02.check_2(model, tok, batch, one)
     assert "correct" in capsys.readouterr().out
     with pytest.raises(ExerciseNotRight, match="this run measured"):
-        ch02.check_2(full, model, tok, batch)  # "the context does not matter"
+        ch02.check_2(model, tok, batch, full)  # "the context does not matter"
     with pytest.raises(ValueError, match="must divide"):
         ch02.bits_per_byte_with_context(model, tok, batch, 5)
 
@@ -122,8 +121,20 @@ def test_ch02_less_context_costs_bits(course_model, capsys):
 def test_a_right_answer_says_what_to_notice_and_a_wrong_one_does_not(capsys):
     from helpers.course.exercises import exercise
 
-    exercise("0.8", 3, lambda a: a == 3, notice=lambda: "three, as it should be")
-    assert capsys.readouterr().out == "Exercise 0.8: correct\n  three, as it should be\n"
+    exercise("0.8", 3, lambda a: a == 3, notice=lambda a: f"{a}, as it should be")
+    assert capsys.readouterr().out == "Exercise 0.8: correct\n  3, as it should be\n"
     with pytest.raises(ExerciseNotRight):
-        exercise("0.8", 4, lambda a: a == 3, notice=lambda: 1 / 0)  # never computed for a wrong answer
-    exercise("0.8", ..., lambda a: a == 3, notice=lambda: 1 / 0)  # nor for one not attempted
+        exercise("0.8", 4, lambda a: a == 3, notice=lambda a: 1 / 0)  # never computed for a wrong answer
+    exercise("0.8", ..., lambda a: a == 3, notice=lambda a: 1 / 0)  # nor for one not attempted
+
+
+def test_prediction_read_from_the_notebook(monkeypatch, capsys):
+    import sys
+
+    from helpers.course.exercises import FROM_NOTEBOOK
+
+    check_prediction("0.9", FROM_NOTEBOOK, lambda: 1 / 0, unit="x", name="first_chapters_guess")
+    assert "run the answer cell above first (it defines first_chapters_guess)" in capsys.readouterr().out
+    monkeypatch.setattr(sys.modules["__main__"], "first_chapters_guess", 2.1, raising=False)
+    check_prediction("0.9", FROM_NOTEBOOK, lambda: 2.0, unit="x", name="first_chapters_guess")
+    assert "Exercise 0.9: correct" in capsys.readouterr().out

@@ -53,7 +53,7 @@ def test_exercise_checks_accept_right_answers(capsys):
     ch01.check_2(_encode_with_merges(tok))
     ratio = ch01.rope_off_ratio(model, tok)
     assert 1.2 < ratio < math.log2(tok.vocab_size)  # positions matter, and losing them is not a uniform guess
-    ch01.check_3(ratio, model, tok)
+    ch01.check_3(model, tok, ratio)
     assert capsys.readouterr().out.count("correct") == 3
 
 

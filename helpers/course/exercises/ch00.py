@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from ...model import ModelConfig
-from . import exercise
+from . import FROM_NOTEBOOK, exercise
 from .prediction import check_prediction
 
 __all__ = ["ENGLISH", "check_1", "check_2", "check_3"]
@@ -23,7 +23,7 @@ def block_parameters(cfg: ModelConfig) -> int:
     return 2 * C + (cfg.n_heads + 2 * cfg.n_kv_heads) * D * C + cfg.n_heads * D * C + 2 * F * C + F * C
 
 
-def check_1(block_params) -> None:
+def check_1(block_params=FROM_NOTEBOOK) -> None:
     """`block_params(cfg)`: the parameter count of one transformer block, from the config alone."""
     presets = ["target", "draft", "tiny", "llama3-8b"]
 
@@ -41,7 +41,7 @@ def check_1(block_params) -> None:
              hint="no biases; wqkv is ((n_heads + 2 n_kv_heads) x head_dim, d_model), w_gate_up is (2 d_ff, d_model)",
              notice=(f"one block holds {block_parameters(cfg):,} parameters; {cfg.n_layers} blocks are "
                      f"{cfg.n_layers * block_parameters(cfg) / total:.0%} of the model, the embedding table most of "
-                     "the rest"))
+                     "the rest"), name="block_params")
 
 
 def measure_bits_per_byte(model, tok, text: str) -> float:
@@ -52,12 +52,12 @@ def measure_bits_per_byte(model, tok, text: str) -> float:
     return bits_per_byte(model, tok, ids, seq_len=len(ids) - 1)["bits_per_byte"]
 
 
-def check_2(predicted_english_bpb, model, tok) -> None:
+def check_2(model, tok, predicted_english_bpb=FROM_NOTEBOOK) -> None:
     """A guess at the course model's bits per byte on the English paragraph ENGLISH, measured."""
     code_bpb = model.training_record["val_bits_per_byte"]
     check_prediction(
         "00.2", predicted_english_bpb, lambda: measure_bits_per_byte(model, tok, ENGLISH), unit="bits/byte",
-        rel_tol=0.3,
+        name="predicted_english_bpb", rel_tol=0.3,
         notice=lambda m: (f"That is {m / code_bpb:.1f}x its {code_bpb:.3f} on held-out Python: a model is good at "
                           "the kind of text it was trained on, and prose was only its comments and docstrings."))
 
@@ -65,7 +65,7 @@ def check_2(predicted_english_bpb, model, tok) -> None:
 PROMPTS = ["import os\nimport", "def fibonacci(n):", "for i in range(", "class Stack:\n    def", "return self."]
 
 
-def check_3(greedy_next, model, tok) -> None:
+def check_3(model, tok, greedy_next=FROM_NOTEBOOK) -> None:
     """`greedy_next(text)`: the text of the single most likely next token after `text`, from one forward pass."""
     def expected(prompt):
         with torch.no_grad():
@@ -82,4 +82,5 @@ def check_3(greedy_next, model, tok) -> None:
     exercise("00.3", greedy_next, right,
              hint="encode with bos=True, run model(...) once, take argmax of the last position's logits, decode it",
              notice=(f"on {len(PROMPTS)} prompts your function picks what generate() would write first: "
-                     "generation is this step in a loop, each new token appended to the input (chapter 04)"))
+                     "generation is this step in a loop, each new token appended to the input (chapter 04)"),
+             name="greedy_next")

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from . import exercise
+from . import FROM_NOTEBOOK, exercise
 from .prediction import check_prediction
 
 __all__ = ["check_1", "check_2", "check_3"]
@@ -26,7 +26,7 @@ def tab_token_ratio(tok) -> float:
     return len(tok.encode(code.replace("    ", "\t"))) / len(tok.encode(code))
 
 
-def check_1(predicted_tab_ratio) -> None:
+def check_1(predicted_tab_ratio=FROM_NOTEBOOK) -> None:
     """A guess at tokens(code with tabs) / tokens(code with 4-space indents), measured."""
     from ...checkpoint import load_tokenizer
 
@@ -35,6 +35,7 @@ def check_1(predicted_tab_ratio) -> None:
     byte_ratio = len(code.replace("    ", "\t").encode()) / len(code.encode())
     check_prediction(
         "01.1", predicted_tab_ratio, lambda: tab_token_ratio(tok), unit="x the tokens", rel_tol=0.1,
+        name="predicted_tab_ratio",
         notice=lambda m: (f"The text got {1 - byte_ratio:.0%} shorter in bytes but {m - 1:.0%} longer in tokens: the "
                           "merges were learned on 4-space indents ('\\n   ' + ' return'), and the tab merged with "
                           "neither neighbour: '\\n', '\\t', 'return' come out as three tokens."))
@@ -44,7 +45,7 @@ TEXTS = ["def add(a, b):\n    return a + b\n", "    squares = [i ** 2 for i in r
          "class Stack:\n\tpass\n\n\n", "héllo, 世界!"]
 
 
-def check_2(encode_with_merges) -> None:
+def check_2(encode_with_merges=FROM_NOTEBOOK) -> None:
     """`encode_with_merges(text)`: the course tokenizer's ids, by applying its merges by hand."""
     from ...checkpoint import load_tokenizer
 
@@ -61,7 +62,8 @@ def check_2(encode_with_merges) -> None:
     exercise("01.2", encode_with_merges, right,
              hint="split with SPLIT_PATTERN, list each chunk's UTF-8 bytes, apply every merge in learned order",
              notice=(f"{len(tok.merges):,} merges, applied in the order they were learned, reproduce the tokenizer: "
-                     "encoding is training replayed, with no counting left to do"))
+                     "encoding is training replayed, with no counting left to do"),
+             name="encode_with_merges")
 
 
 def rope_off_ratio(model, tok) -> float:
@@ -76,13 +78,13 @@ def rope_off_ratio(model, tok) -> float:
     return bits_per_byte(no_rope, tok, ids, seq_len=1024)["bits_per_byte"] / on
 
 
-def check_3(predicted_rope_off_ratio, model, tok) -> None:
+def check_3(model, tok, predicted_rope_off_ratio=FROM_NOTEBOOK) -> None:
     """A guess at how many times more bits per byte the model needs with RoPE switched off, measured."""
     code = _code_sample(5_000)
     n_tokens = len(tok.encode(code))
     uniform = math.log2(tok.vocab_size) * n_tokens / len(code.encode())
     check_prediction(
         "01.3", predicted_rope_off_ratio, lambda: rope_off_ratio(model, tok), unit="x the bits per byte",
-        rel_tol=0.25,
+        name="predicted_rope_off_ratio", rel_tol=0.25,
         notice=(f"Worse, but far from a uniform guess ({uniform:.1f} bits/byte on this text): which tokens came "
                 "before still says a lot, even when nothing says in what order."))

@@ -9,13 +9,13 @@ import torch
 import torch.nn.functional as F
 
 from ...model import causal_mask
-from . import exercise
+from . import FROM_NOTEBOOK, exercise
 from .prediction import check_prediction
 
 __all__ = ["check_1", "check_2", "check_3"]
 
 
-def check_1(sw) -> None:
+def check_1(sw=FROM_NOTEBOOK) -> None:
     """A (6, 6) float sliding-window mask, window 3: 0 where a query may look, -inf elsewhere."""
     def right(m):
         m = torch.as_tensor(m)
@@ -23,7 +23,8 @@ def check_1(sw) -> None:
         assert bool(((m == 0) | (m == float("-inf"))).all()), "every entry should be 0 or -inf"
         return torch.equal(m == 0, causal_mask(6, 6, window=3))
     exercise("03.1", sw, right, hint="query i sees keys j with j <= i and j > i - window",
-             notice="every row sees at most 3 keys, so a cache of the last 3 positions is all a decode step needs")
+             notice="every row sees at most 3 keys, so a cache of the last 3 positions is all a decode step needs",
+             name="sw")
 
 
 def reference_masked_softmax(scores: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
@@ -32,7 +33,7 @@ def reference_masked_softmax(scores: torch.Tensor, visible: torch.Tensor) -> tor
     return torch.where(visible.any(-1, keepdim=True), weights, torch.zeros_like(weights))
 
 
-def check_2(safe_masked_softmax) -> None:
+def check_2(safe_masked_softmax=FROM_NOTEBOOK) -> None:
     """`safe_masked_softmax(scores, visible)`: never NaN, zeros for a row with nothing visible."""
     g = torch.Generator().manual_seed(3)
     scores = torch.randn(2, 5, 5, generator=g)  # (B, T, T)
@@ -56,7 +57,8 @@ def check_2(safe_masked_softmax) -> None:
     exercise("03.2", safe_masked_softmax, right,
              hint="mask with -inf and softmax, then put zeros in the rows where nothing is visible (torch.where)",
              notice=("a padded batch can now run with -inf: the empty rows of the padding give zeros, not NaN, "
-                     "as PyTorch's scaled_dot_product_attention does"))
+                     "as PyTorch's scaled_dot_product_attention does"),
+             name="safe_masked_softmax")
 
 
 def last_position_loss(model, batch: torch.Tensor) -> float:
@@ -66,12 +68,12 @@ def last_position_loss(model, batch: torch.Tensor) -> float:
     return F.cross_entropy(logits.float(), batch[:, -1]).item()
 
 
-def check_3(predicted_last_loss, peeking_twin, eval_batch) -> None:
+def check_3(peeking_twin, eval_batch, predicted_last_loss=FROM_NOTEBOOK) -> None:
     """A guess at the peeking twin's loss at the last position of each window, run without the mask."""
     vocab = peeking_twin.cfg.vocab_size
     check_prediction(
         "03.3", predicted_last_loss, lambda: last_position_loss(peeking_twin, eval_batch), unit="nats/token",
-        rel_tol=0.25,
+        name="predicted_last_loss", rel_tol=0.25,
         notice=lambda m: (f"A uniform guess costs ln {vocab} = {math.log(vocab):.2f}. At the last position the answer "
                           "is not in the input, so there is nothing to copy, and the twin never learned anything "
                           "else: its 'held out, unmasked' average was low only because the other positions copy."))

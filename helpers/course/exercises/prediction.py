@@ -1,7 +1,7 @@
 """Prediction exercises: the learner writes down a number first, then the check measures it and says how close.
 
-    predicted_english_bpb = 2.0                        # the exercise cell: a guess, written before measuring
-    ch00.check_2(predicted_english_bpb, model, tok)    # measures, then one line: how close, and what to notice
+    predicted_english_bpb = 2.0       # the exercise cell: a guess, written before measuring
+    ch00.check_2(model, tok)          # reads the guess by name, measures, then: how close, and what to notice
 
 A chapter module builds such a check with `check_prediction`, giving it a function that measures the real
 value on this machine. A prediction counts as right when it lies within `rel_tol` of the measurement
@@ -16,16 +16,22 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import NOT_ATTEMPTED, exercise
+from . import FROM_NOTEBOOK, NOT_ATTEMPTED, exercise, notebook_answer
 
 __all__ = ["check_prediction"]
 
 
-def check_prediction(label: str, predicted, measure: Callable[[], float], *, unit: str, rel_tol: float = 0.25,
-                     notice: str | Callable[[float], str] = "") -> None:
-    """Measure, then compare `predicted` with the measurement. Prints "correct" and one line with the measured
-    value and `notice` (what to see in it) when the guess is within `rel_tol`; raises ExerciseNotRight with
-    the measured value otherwise. A guess still `...` is not measured."""
+def check_prediction(label: str, predicted, measure: Callable[[], float], *, unit: str, name: str,
+                     rel_tol: float = 0.25, notice: str | Callable[[float], str] = "") -> None:
+    """Measure, then compare `predicted` (FROM_NOTEBOOK: the notebook variable `name`) with the measurement.
+    Prints "correct" and one line with the measured value and `notice` (what to see in it) when the guess is
+    within `rel_tol`; raises ExerciseNotRight with the measured value otherwise. A guess not written yet
+    (still `...`, or its cell not run) is not measured."""
+    if predicted is FROM_NOTEBOOK:
+        predicted, missing = notebook_answer(name)
+        if missing:
+            exercise(label, FROM_NOTEBOOK, lambda a: True, name=name)  # prints "run the answer cell above first"
+            return
     if predicted is NOT_ATTEMPTED:
         exercise(label, predicted, lambda a: True)  # prints "not attempted yet"
         return
@@ -38,7 +44,7 @@ def check_prediction(label: str, predicted, measure: Callable[[], float], *, uni
                                      f"so your guess is {off:+.0%} off (within {rel_tol:.0%} counts)")
         return True
 
-    def what_to_notice() -> str:
+    def what_to_notice(_guess) -> str:
         said = notice(measured) if callable(notice) else notice
         return (f"measured {measured:.3g} {unit}; you predicted {float(predicted):.3g} "
                 f"({float(predicted) / measured - 1:+.0%}). {said}".rstrip())
