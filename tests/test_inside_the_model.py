@@ -3,6 +3,7 @@ answers and refuse wrong ones."""
 import math
 
 import pytest
+import torch
 
 from helpers.course.exercises import ExerciseNotRight, ch01
 from helpers.course.layer_map import draw_layer_map, layer_map_steps
@@ -28,17 +29,42 @@ def test_layer_map_draws():
     assert fig.axes and fig.axes[0].get_title().startswith("One block")
 
 
+def _encode_with_merges(tok):
+    import re
+
+    from helpers.tokenizer import SPLIT_PATTERN, _merge
+
+    def encode(text):
+        out = []
+        for chunk in re.findall(SPLIT_PATTERN, text):
+            ids = list(chunk.encode())
+            for pair, new_id in tok.merges.items():
+                ids = _merge(ids, pair, new_id)
+            out.extend(ids)
+        return out
+    return encode
+
+
 def test_exercise_checks_accept_right_answers(capsys):
-    ch01.check_1(2 * 6 * 8 * 32 * 2)  # a wrong answer raises ExerciseNotRight
-    ch01.check_2(1408)
-    ch01.check_3([math.sin(3), math.cos(3), math.sin(0.03), math.cos(0.03)])
-    ch01.check_4(500)
-    assert capsys.readouterr().out.count("correct") == 4
+    from helpers import load_model
+
+    model, tok = load_model("target", device="cpu", dtype=torch.float32)
+    ch01.check_1(ch01.tab_token_ratio(tok))
+    ch01.check_2(_encode_with_merges(tok))
+    ratio = ch01.rope_off_ratio(model, tok)
+    assert 1.2 < ratio < math.log2(tok.vocab_size)  # positions matter, and losing them is not a uniform guess
+    ch01.check_3(model, tok, ratio)
+    assert capsys.readouterr().out.count("correct") == 3
 
 
 def test_exercise_checks_refuse_wrong_answers():
-    for check, wrong in [(ch01.check_1, 1536), (ch01.check_2, 1365), (ch01.check_3, [0.84, 0.54, 0.0, 1.0]),
-                         (ch01.check_4, 2048)]:
-        with pytest.raises(ExerciseNotRight):
-            check(wrong)
-    ch01.check_3(...)  # not attempted yet: prints, does not raise
+    from helpers.checkpoint import load_tokenizer
+
+    tok = load_tokenizer()
+    with pytest.raises(ExerciseNotRight, match="this run measured"):
+        ch01.check_1(0.85)  # "fewer bytes, fewer tokens"
+    with pytest.raises(ExerciseNotRight, match="you get"):
+        ch01.check_2(lambda text: list(text.encode()))  # no merges at all
+    with pytest.raises(ExerciseNotRight, match="same count, different ids"):
+        ch01.check_2(lambda text: [i + 1 for i in tok.encode(text)])
+    ch01.check_1(...)  # not attempted yet: prints, does not raise

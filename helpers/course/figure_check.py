@@ -21,18 +21,15 @@ class FigureTextError(ValueError):
 
 def _texts(fig) -> list:
     """(kind, axes or None, Text) for every visible, non-empty text the figure draws."""
-    suptitle = getattr(fig, "_suptitle", None)
-    found = [("figure text", None, t) for t in fig.texts if t is not suptitle]  # fig.texts holds the suptitle too
-    if suptitle is not None:
+    suptitle = getattr(fig, "_suptitle", None)  # matplotlib also lists it in fig.texts: count it once
+    found = [("suptitle" if t is suptitle else "figure text", None, t) for t in fig.texts]
+    if suptitle is not None and suptitle not in fig.texts:
         found.append(("suptitle", None, suptitle))
     for ax in fig.axes:
         for t in (ax.title, ax._left_title, ax._right_title, ax.xaxis.label, ax.yaxis.label):
             found.append(("axis label", ax, t))
-        for axis in (ax.xaxis, ax.yaxis):
-            # only the ticks matplotlib draws: a locator may place ticks outside the view limits, whose labels
-            # are never drawn but still have a (meaningless) window extent
-            for tick in axis._update_ticks():
-                found.extend(("tick label", ax, t) for t in (tick.label1, tick.label2))
+        for t in ax.get_xticklabels() + ax.get_yticklabels():
+            found.append(("tick label", ax, t))
         for t in ax.texts:  # ax.text and ax.annotate
             found.append(("text", ax, t))
         legend = ax.get_legend()

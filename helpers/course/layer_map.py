@@ -42,27 +42,27 @@ def draw_layer_map(cfg: ModelConfig, T: int = 16, B: int = 1):
 
     steps = layer_map_steps(cfg, T, B)
     n = len(steps)
-    fig, ax = plt.subplots(figsize=(9.5, 0.52 * n + 0.8))
-    ax.set_xlim(0, 10.5)
+    fig, ax = plt.subplots(figsize=(12, 0.55 * n + 0.8))
+    ax.set_xlim(0, 13.8)  # room for the widest shape
     ax.set_ylim(-0.7, n - 0.3)
     ax.axis("off")
     residual = {0, 7, 12}  # rows that are the residual stream itself
     for row, (op, weight, shape) in enumerate(steps):
         y = n - 1 - row
         color = "#dde8f5" if row in residual else ("#f7e3cf" if row < 8 else "#dff0dc")
-        ax.add_patch(FancyBboxPatch((3.4, y - 0.3), 4.2, 0.6, boxstyle="round,pad=0.02", fc=color, ec="0.4"))
-        ax.text(5.5, y, op, ha="center", va="center", fontsize=8.5)
+        ax.add_patch(FancyBboxPatch((3.4, y - 0.3), 4.8, 0.6, boxstyle="round,pad=0.02", fc=color, ec="0.4"))
+        ax.text(5.8, y, op, ha="center", va="center", fontsize=9.5)
         if weight:
-            ax.text(2.4, y, weight, ha="right", va="center", fontsize=8, color="0.3")
-        ax.text(7.75, y, shape, ha="left", va="center", fontsize=8, family="monospace")
+            ax.text(2.5, y, weight, ha="right", va="center", fontsize=9.5, color="0.3")
+        ax.text(8.35, y, shape, ha="left", va="center", fontsize=9.5, family="monospace")
         if row:
-            ax.annotate("", xy=(5.5, y + 0.3), xytext=(5.5, y + 0.7), arrowprops=dict(arrowstyle="->", color="0.4"))
+            ax.annotate("", xy=(5.8, y + 0.3), xytext=(5.8, y + 0.7), arrowprops=dict(arrowstyle="->", color="0.4"))
     for start, end in [(0, 7), (7, 12)]:  # residual connections skip the sublayer
         ax.add_patch(FancyArrowPatch((3.4, n - 1 - start), (3.4, n - 1 - end), connectionstyle="arc3,rad=0.12",
                                      arrowstyle="->", mutation_scale=10, color="tab:blue", lw=1.2))
-    ax.text(0.0, n - 0.55, "weights", fontsize=9, weight="bold", color="0.3")
-    ax.text(7.75, n - 0.55, "output shape (B, ...)", fontsize=9, weight="bold")
+    ax.text(0.0, n - 0.55, "weights", fontsize=10, weight="bold", color="0.3")
+    ax.text(8.35, n - 0.55, "output shape (B, ...)", fontsize=10, weight="bold")
     ax.set_title(f"One block of the course model (d_model={cfg.d_model}, {cfg.n_heads} query heads, "
                  f"{cfg.n_kv_heads} key/value heads, d_ff={cfg.d_ff}); blue arcs: residual connections",
-                 fontsize=9.5)
+                 fontsize=10.5)
     return fig

@@ -60,14 +60,14 @@ def notebook_answer(name: str | tuple[str, ...], namespace: dict | None = None):
 
 def exercise(label: str, answer: Any, is_right: Callable[[Any], Any], hint: str = "",
              name: str | tuple[str, ...] = "", stub: Callable[[Any], bool] | None = None,
-             notice: str | Callable[[], str] = "") -> None:
+             notice: str | Callable[[Any], str] = "") -> None:
     """Check one answer. `is_right(answer)` returns a truthy value for a right answer (it may also raise
     AssertionError with its own message). answer=FROM_NOTEBOOK reads it from the notebook variable(s) `name`.
     stub(answer): True while the answer is still the exercise cell's placeholder in another form than `...`
     (a function whose body is still `return ...`). Prints one line when right, not attempted or not run yet
-    (and returns None, so a check cell shows only that line); a wrong answer raises ExerciseNotRight with
-    `hint`. notice: what to notice, printed on a second line after a right answer (a callable is called then,
-    so it may use what is_right computed)."""
+    (and returns None, so a check cell shows only that line), and after a right answer `notice`, what to see
+    in it (a callable is called only then, with the answer); a wrong answer raises ExerciseNotRight
+    with `hint`."""
     if answer is FROM_NOTEBOOK:
         if not name:
             raise ValueError(f"exercise {label}: no answer given and no name to read it from")
@@ -94,27 +94,41 @@ def exercise(label: str, answer: Any, is_right: Callable[[Any], Any], hint: str 
             message += f" (hint: {hint})"
         raise ExerciseNotRight(message)
     print(f"Exercise {label}: correct")
-    if notice:
-        print(f"  notice: {notice() if callable(notice) else notice}")
+    said = notice(answer) if callable(notice) else notice
+    if said:
+        print(f"  notice: {said}")
 
 
-def prediction(label: str, predicted: Any, measure: Callable[[], float], *, ratio: float | None = None,
-               distance: float | None = None, unit: str = "", hint: str = "", name: str | tuple[str, ...] = "",
-               notice: Callable[[float], str] | None = None) -> None:
-    """Check a prediction against a measurement: `measure()` runs only once a prediction is given (an
-    exercise left at `...` measures nothing). Right when the prediction is within a factor `ratio` of the
-    measured value, or within `distance` of it; either way the learner sees the measured value, and after a
-    right prediction `notice(measured)`."""
+def prediction(label: str, predicted: Any, measure: Callable[[], float], *, unit: str = "",
+               name: str | tuple[str, ...] = "", rel_tol: float | None = None, ratio: float | None = None,
+               distance: float | None = None, hint: str = "", notice: str | Callable[[float], str] = "") -> None:
+    """Check a prediction against a measurement. `measure()` runs only once a prediction is written (a guess
+    still at `...`, or whose cell has not run, measures nothing). The guess is right within one tolerance:
+    `rel_tol` (relative: |guess / measured - 1| <= rel_tol), `ratio` (within a factor of the measurement) or
+    `distance` (absolute). Either way the learner sees the measured value: after a guess, the number is the
+    lesson. `notice(measured)`: what to see in it, after a right guess. Choose a tolerance that a reasoned
+    guess meets on any machine (a measured time moves with the CPU; a bits-per-byte only in its last digits)."""
+    if sum(t is not None for t in (rel_tol, ratio, distance)) != 1:
+        raise ValueError(f"prediction {label}: give exactly one of rel_tol, ratio, distance")
+    unit = f" {unit.strip()}" if unit.strip() else ""
     measured: list[float] = []
 
-    def is_right(p):
-        p = float(p)
-        assert p > 0 or distance is not None, f"a prediction in {unit or 'these units'} is a positive number"
+    def is_right(guess) -> bool:
+        guess = float(guess)
         measured.append(float(measure()))
         value = measured[0]
-        close = (value / ratio <= p <= value * ratio) if ratio is not None else abs(p - value) <= distance
-        assert close, f"you predicted {p:,.4g}{unit}; the measurement gave {value:,.4g}{unit}"
+        if rel_tol is not None:
+            close = value != 0 and abs(guess / value - 1) <= rel_tol
+        elif ratio is not None:
+            close = guess > 0 and value / ratio <= guess <= value * ratio
+        else:
+            close = abs(guess - value) <= distance
+        off = f", {guess / value - 1:+.0%} off" if value else ""
+        assert close, f"you predicted {guess:,.4g}{unit}; this run measured {value:,.4g}{unit}{off}"
         return True
 
-    exercise(label, predicted, is_right, hint=hint, name=name,
-             notice=lambda: f"measured {measured[0]:,.4g}{unit}" + (f"; {notice(measured[0])}" if notice else ""))
+    def what_to_notice(_guess) -> str:
+        said = notice(measured[0]) if callable(notice) else notice
+        return f"measured {measured[0]:,.4g}{unit}" + (f"; {said}" if said else "")
+
+    exercise(label, predicted, is_right, hint=hint, name=name, notice=what_to_notice)

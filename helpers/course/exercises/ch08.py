@@ -50,7 +50,7 @@ def check_2(window_tiles=FROM_NOTEBOOK):
                                  + (" (some you leave out hold visible keys)" if want - got else ""))
         return True
 
-    def notice():
+    def notice(_answer):
         n_window, n_causal = (len(_window_tiles_reference(4096, 128, W)) for W in (512, 4096))
         return (f"at T = 4,096 with 128 x 128 tiles, a 512-token window computes {n_window} tiles against "
                 f"{n_causal} causal: the work grows with T x W, not T^2")
