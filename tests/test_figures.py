@@ -78,3 +78,21 @@ def test_figure_check_finds_overlapping_and_escaping_labels():
     with pytest.raises(FigureTextError, match="figure 'crowded'"):
         check_figure_text(fig, "crowded")
     plt.close(fig)
+
+
+def test_figure_check_counts_a_suptitle_once_and_no_ticks_of_a_hidden_axis():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from helpers.course.figure_check import text_problems
+
+    fig, (ax1, ax2) = plt.subplots(2, 1)  # matplotlib lists a suptitle in fig.texts too
+    fig.suptitle("one title")
+    ax1.axis("off")  # its tick labels are not drawn, however tightly they would be packed
+    ax1.set_xticks([i / 100 for i in range(60)])
+    ax1.text(0.5, 0.5, "inside")
+    ax2.set_xticks([0, 1])
+    assert text_problems(fig) == []
+    plt.close(fig)

@@ -21,14 +21,15 @@ class FigureTextError(ValueError):
 
 def _texts(fig) -> list:
     """(kind, axes or None, Text) for every visible, non-empty text the figure draws."""
-    found = [("figure text", None, t) for t in fig.texts]
-    if getattr(fig, "_suptitle", None) is not None:
-        found.append(("suptitle", None, fig._suptitle))
+    suptitle = getattr(fig, "_suptitle", None)
+    found = [("figure text", None, t) for t in fig.texts if t is not suptitle]  # matplotlib lists it there too
+    if suptitle is not None:
+        found.append(("suptitle", None, suptitle))
     for ax in fig.axes:
-        for t in (ax.title, ax._left_title, ax._right_title, ax.xaxis.label, ax.yaxis.label):
-            found.append(("axis label", ax, t))
-        for t in ax.get_xticklabels() + ax.get_yticklabels():
-            found.append(("tick label", ax, t))
+        found.extend(("axis label", ax, t) for t in (ax.title, ax._left_title, ax._right_title))
+        if ax.axison:  # ax.axis("off") draws no axis labels and no ticks
+            found.extend(("axis label", ax, t) for t in (ax.xaxis.label, ax.yaxis.label))
+            found.extend(("tick label", ax, t) for t in ax.get_xticklabels() + ax.get_yticklabels())
         for t in ax.texts:  # ax.text and ax.annotate
             found.append(("text", ax, t))
         legend = ax.get_legend()
