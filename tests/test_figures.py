@@ -80,7 +80,7 @@ def test_figure_check_finds_overlapping_and_escaping_labels():
     plt.close(fig)
 
 
-def test_figure_check_counts_a_suptitle_once_and_no_ticks_of_a_hidden_axis():
+def test_figure_check_counts_a_suptitle_once_and_only_drawn_ticks():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -95,4 +95,10 @@ def test_figure_check_counts_a_suptitle_once_and_no_ticks_of_a_hidden_axis():
     ax1.text(0.5, 0.5, "inside")
     ax2.set_xticks([0, 1])
     assert text_problems(fig) == []
+    plt.close(fig)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(6, 3), gridspec_kw={"wspace": 0.05})
+    ax1.plot([0, 1050], [0, 1])
+    ax1.set_xlim(0, 1050)  # matplotlib lists a '1200' tick label past the limit, but does not draw it
+    ax2.plot([0, 1], [-100, 1150])
+    assert not any("'1200'" in problem for problem in text_problems(fig))
     plt.close(fig)
