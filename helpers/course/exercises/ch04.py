@@ -4,6 +4,7 @@ what was measured) and returns nothing."""
 from __future__ import annotations
 
 from . import exercise
+from .predictions import check_prediction
 
 # texts whose lines repeat or not in the ways a line-repeat stop must tell apart
 LINE_CASES = ["a = 1\nb = 2\na = 1\n", "x = 1\n\n\ny = 2\n\n", "    pass\n        pass\n", "abc\nabcd\nab",
@@ -51,20 +52,12 @@ def check_2(predicted_s, model, prompt) -> None:
     from ...generate import generate
     from ...measure.timing import median, time_call
 
-    measured = {}
-
-    def right(p):
-        assert float(p) > 0, "a time in seconds, > 0"
-        measured["s"] = median(time_call(lambda: generate(model, prompt, 64), model.device, repeats=3))
-        ratio = measured["s"] / float(p)
-        assert 0.5 < ratio < 2, f"the generation took {ratio:.2f}x your prediction"
-        return True
-
-    exercise("04.2", predicted_s, right, hint="one prefill of the prompt gives the first token; each further token "
-             "is one decode step")
-    if "s" in measured:
-        print(f"notice: measured {measured['s']:.3f} s, {measured['s'] / float(predicted_s):.2f}x your prediction: "
-              f"a generation is one TTFT and then one TPOT per further token")
+    check_prediction(
+        "04.2", predicted_s, lambda: median(time_call(lambda: generate(model, prompt, 64), model.device, repeats=3)),
+        within=(0.5, 2), what="a time in seconds",
+        hint="one prefill of the prompt gives the first token; each further token is one decode step",
+        notice=lambda s, ratio: f"measured {s:.3f} s, {ratio:.2f}x your prediction: a generation is one TTFT and then "
+                                f"one TPOT per further token")
 
 
 def check_3(dense_ratio_after_prompt) -> None:

@@ -8,6 +8,7 @@ import torch
 from ...measure.flops import kv_cache_bytes, parameter_count
 from ...model import ModelConfig
 from . import exercise
+from .predictions import check_prediction
 
 QWEN25_7B = ModelConfig(vocab_size=152064, max_seq_len=32768, n_layers=28, d_model=3584, n_heads=28, n_kv_heads=4,
                         d_ff=18944)  # head_dim 3584 / 28 = 128
@@ -69,23 +70,20 @@ def check_4(predicted_ratio, model) -> None:
     from ...generate import generate_without_cache
     from ...measure.timing import timed
 
-    measured = {}
+    prompt = [0]  # any one-token prompt: the time does not depend on which
 
-    def right(p):
-        assert float(p) > 0, "a ratio, > 0"
-        prompt = [0]  # any one-token prompt: the time does not depend on which
+    def seconds(n):
+        return timed(lambda: generate_without_cache(model, prompt, n), model.device)[0]
+
+    def measure():
         generate_without_cache(model, prompt, 8)  # warm-up
-        def seconds(n):
-            return timed(lambda: generate_without_cache(model, prompt, n), model.device)[0]
-
         before, t256, after = seconds(128), seconds(256), seconds(128)  # 128 on both sides: a drift cancels
-        measured["ratio"] = t256 / ((before + after) / 2)
-        off = measured["ratio"] / float(p)
-        assert 0.6 < off < 1.5, f"the measured ratio is {off:.2f}x your prediction"
-        return True
+        return t256 / ((before + after) / 2)
 
-    exercise("05.4", predicted_ratio, right, hint="interpolate section 3's uncached step times over every step and "
-             "sum them (estimated_total does that)")
-    if "ratio" in measured:
-        print(f"notice: measured {measured['ratio']:.2f}x against 3.98x in FLOPs (the sum of k over 256 steps over "
-              f"the sum over 128): each uncached step also pays a fixed cost that does not grow with k")
+    def notice(ratio, off):
+        return (f"measured {ratio:.2f}x ({off:.2f}x your prediction) against 3.98x in FLOPs (the sum of k over 256 "
+                f"steps over the sum over 128): each uncached step also pays a fixed cost that does not grow with k")
+
+    check_prediction("05.4", predicted_ratio, measure, within=(0.6, 1.5), what="a ratio", notice=notice,
+                     hint="interpolate section 3's uncached step times over every step and sum them "
+                          "(estimated_total does that)")

@@ -4,6 +4,7 @@ the stated tolerance is right, and the check then says what the computed or meas
 from __future__ import annotations
 
 from . import exercise
+from .predictions import check_prediction
 
 GB = 1e9
 M2_ULTRA_BANDWIDTH = 800e9  # spec sheet, as in the chapter
@@ -70,22 +71,16 @@ def check_4(predicted_ms, device="cpu"):
     from ...measure.timing import decode_step_seconds
     from ...model import ModelConfig, Transformer
 
-    measured = {}
-
-    def is_right(p):
-        assert float(p) > 0, "a time in milliseconds, > 0"
+    def measure():
         with torch.device(device):
             torch.manual_seed(0)
             net = Transformer(ModelConfig.from_preset("bench-150m", n_layers=8)).to(default_dtype(device)).eval()
-        measured["ms"] = decode_step_seconds(net, n_steps=8, context=128, warmup=1) * 1e3
-        ratio = measured["ms"] / float(p)
-        # the roofline is a lower bound: a step takes somewhat longer than it, never several times less
-        assert 0.5 < ratio < 4, f"the step took {ratio:.2f}x your prediction"
-        return True
+        return decode_step_seconds(net, n_steps=8, context=128, warmup=1) * 1e3
 
-    exercise("06.4", predicted_ms, is_right, hint="the bytes one step reads (forward_bytes), over the read roof "
-             "for that many bytes (cal.read_roof)")
-    if "ms" in measured and 0.5 < measured["ms"] / float(predicted_ms) < 4:
-        print(f"notice: measured {measured['ms']:.1f} ms, {measured['ms'] / float(predicted_ms):.2f}x your "
-              f"prediction: a weight stream runs at a fraction of the read roof, and a step adds its operators' "
-              f"fixed costs (compare section 6.2's 4-layer model)")
+    # the roofline is a lower bound: a step takes somewhat longer than it, never several times less
+    check_prediction(
+        "06.4", predicted_ms, measure, within=(0.5, 4), what="a time in milliseconds",
+        hint="the bytes one step reads (forward_bytes), over the read roof for that many bytes (cal.read_roof)",
+        notice=lambda ms, ratio: f"measured {ms:.1f} ms, {ratio:.2f}x your prediction: a weight stream runs at a "
+                                 f"fraction of the read roof, and a step adds its operators' fixed costs (compare "
+                                 f"section 6.2's 4-layer model)")
