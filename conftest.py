@@ -50,7 +50,7 @@ def random_model(cfg: ModelConfig, seed: int = 0, std: float = 0.1, dtype=torch.
     torch.manual_seed(seed)
     model = Transformer(cfg)
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() >= 2:
                 p.normal_(0.0, std)
             else:

@@ -38,23 +38,24 @@ Shared by all of them:
     progress.py          progress bars whose stored notebook text is the finished bar
     bench.py             python -m helpers.bench: every speed claim as a measured ratio           [BENCHMARKS.md]
 Three wings, each a folder with its own map in its __init__.py:
-    measure/             timing (every timer), flops (counts from a config), roofline (measured
-                         ceilings), profiling, evaluate (bits per byte)                           [02, 06, 07]
+    measure/             timing (every timer), flops (counts from a config), roofline and calibration
+                         (measured ceilings), profiling, evaluate (bits per byte)                 [02, 06, 07]
     parallel/            tensor and pipeline parallelism, the interconnect model, worker processes [15]
     course/              what the notebooks teach with: notebook setup, plotting, widgets, diagrams,
                          layer and attention maps, chapter 05's allocation simulator, exercises/
 
 How the modules depend on each other (A above B when A imports B; nothing imports upwards, no cycles).
-Counting each folder as one unit, the package and scripts/ make 32 units on 6 levels joined by 98 imports:
+Counting each folder as one unit, the package and scripts/ make 32 units on 6 levels joined by 99 imports:
     level 1  model (it states the cache contract), tokenizer, sampling, stopping, regex_automaton,
              device, progress, paths: import nothing of the package
-    level 2  kv_cache, sliding_window, checkpoint, data, quantize, grammar, hf, measure/
-    level 3  generate, int8_kv, train, train_tokenizer, export_gguf, parallel/
-    level 4  fast_decode, beam_search, token_healing, serving/, this file
+    level 2  kv_cache, sliding_window, checkpoint, data, quantize, grammar, hf
+    level 3  generate, int8_kv, export_gguf, train_tokenizer, measure/
+    level 4  fast_decode, beam_search, token_healing, train, parallel/, serving/, this file
     level 5  speculative, course/, serve.py, scripts/
-    level 6  bench.py (860 lines, the largest module): it times everything below it
-Inside the wings: course/ has one import between its modules (notebook setup uses plotting's style),
-parallel/ two (both parallel schemes load their model through workers), measure/ none.
+    level 6  bench.py: it times everything below it
+The largest module is speculative.py (821 lines), then bench.py (793). Inside the wings: course/ has one
+import between its modules (notebook setup uses plotting's style), parallel/ two (both parallel schemes
+load their model through workers), measure/ three (roofline times with timing; calibration uses both).
 """
 from .checkpoint import load_model, load_tokenizer
 from .device import default_device

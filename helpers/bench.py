@@ -366,8 +366,8 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
         DEFAULT_COMPILED_GAMMA,
         DEFAULT_COMPILED_SAMPLED_GAMMA,
         SpeculativeStats,
-        _fused_rounds,
         fused_round_call,
+        fused_rounds,
         speculative_generate,
         warmup_speculative,
     )
@@ -380,8 +380,8 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
     # before any timing: compiling is not decoding
     warmup_speculative(fast, fast_draft, gamma)
     warmup_speculative(fast, fast_draft, sampled_gamma, temperature=1.0)
-    rounds = {0.0: _fused_rounds(fast, fast_draft, gamma, sampled=False),
-              1.0: _fused_rounds(fast, fast_draft, sampled_gamma, sampled=True)}
+    rounds = {0.0: fused_rounds(fast, fast_draft, gamma, sampled=False),
+              1.0: fused_rounds(fast, fast_draft, sampled_gamma, sampled=True)}
     secs = {t: r.compile_seconds if r is not None else 0.0 for t, r in rounds.items()}
     gammas = sorted({gamma, sampled_gamma})
     compiled = all(g + 1 in fast.compiled_token_counts for g in gammas) and 2 in fast_draft.compiled_token_counts

@@ -72,7 +72,7 @@ cache; only the products' timings and the C++ kernels are cached), and what it b
 on a 2-core Intel Xeon VM (AVX-512, one thread) the course model's step was 1.01x (1.01 against 1.02 ms,
 interleaved, 25 s to lower it cold), and on an Intel Sapphire Rapids VM prepacking without the template
 made the step 0.87x.
-Speculative rounds on two such generators are frozen and autotuned too (speculative._FusedRounds).
+Speculative rounds on two such generators are frozen and autotuned too (speculative.FusedRounds).
 
 `forward(tokens, input_pos)` runs T > 1 tokens through the same static path (speculative decoding's
 verify pass and its draft's catch-up step, speculative.py): compiled for each T named in
@@ -95,8 +95,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .device import synchronize
-from .generate import _setup
 from .generate import generate as generate_loop
+from .generate import prepare_generation
 from .kv_cache import KVCache
 from .model import Attention
 from .paths import INDUCTOR_CACHE
@@ -325,7 +325,8 @@ class FastGenerator:
         step = self._eager_step
         if compile and not compile_available():
             self.compile_source = "not compiled: no C++ compiler found, the static step runs eagerly"
-            warnings.warn("torch.compile needs a C++ compiler on a CPU and none was found; decoding eagerly")
+            warnings.warn("torch.compile needs a C++ compiler on a CPU and none was found; decoding eagerly",
+                          stacklevel=2)
         if compile and compile_available():
             if mode is None and model.device.type == "cuda":
                 mode = "reduce-overhead"  # CUDA graphs: replay the whole step with one launch
@@ -341,7 +342,7 @@ class FastGenerator:
         self._forwards: dict[int, object] = {}  # T > 1 -> its compiled static forward (warmup(token_counts=...))
         self.compile_seconds_by_tokens: dict[int, float] = {}  # T -> seconds its warm-up took
 
-    def _compile_key(self, tokens: int = 1) -> str:
+    def compile_key(self, tokens: int = 1) -> str:
         """What decides the generated code: model shapes, buffer size, batch, dtype, device, options, torch,
         and the number of tokens per call (T = 1, the step, keeps the key it always had)."""
         m = self.model
@@ -357,7 +358,7 @@ class FastGenerator:
     @property
     def cold_compile_seconds(self) -> float | None:
         """Seconds the cold compile of this very step took (on this machine, whenever it filled the cache)."""
-        return _read_cold_compiles().get(self._compile_key())
+        return _read_cold_compiles().get(self.compile_key())
 
     @property
     def compiled_token_counts(self) -> tuple[int, ...]:
@@ -366,7 +367,7 @@ class FastGenerator:
 
     def cold_compile_seconds_for(self, tokens: int) -> float | None:
         """The same for the static forward of `tokens` tokens per call (1: the step)."""
-        return _read_cold_compiles().get(self._compile_key(tokens))
+        return _read_cold_compiles().get(self.compile_key(tokens))
 
     @torch.no_grad()
     def step(self, token: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
@@ -425,7 +426,7 @@ class FastGenerator:
         self.compile_seconds += seconds
         self.compile_seconds_by_tokens[tokens] = seconds
         if error is None and cold:  # a cold compile: remember how long it took
-            _remember_cold_compile(self._compile_key(tokens), seconds)
+            _remember_cold_compile(self.compile_key(tokens), seconds)
         return error
 
     @torch.no_grad()  # the same grad mode as the decode loop, or its first call would compile a second graph
@@ -442,7 +443,8 @@ class FastGenerator:
                 cold = _inductor_cache_counts()[1] > misses
                 self.compile_source = "compiled cold" if cold else "compiled from the on-disk cache"
             else:
-                warnings.warn(f"torch.compile failed ({type(error).__name__}: {str(error)[:200]}); decoding eagerly")
+                warnings.warn(f"torch.compile failed ({type(error).__name__}: {str(error)[:200]}); decoding eagerly",
+                              stacklevel=2)
                 self._step = self._eager_step
                 self._want_compile = False
                 self.compile_source = f"not compiled: torch.compile failed ({type(error).__name__}), running eagerly"
@@ -457,7 +459,7 @@ class FastGenerator:
                 self._forwards[T] = fn
             else:
                 warnings.warn(f"torch.compile failed for {T} tokens per call ({type(error).__name__}: "
-                              f"{str(error)[:200]}); that forward runs eagerly")
+                              f"{str(error)[:200]}); that forward runs eagerly", stacklevel=2)
         return self.compile_seconds
 
     @torch.no_grad()
@@ -468,7 +470,7 @@ class FastGenerator:
         """helpers.generate's loop (its stop conditions, logits processors and sampling; penalties excepted)
         on this generator's cache, with the compiled step as its step: (B, T + n_new) token ids. The
         prompt's prefill runs eagerly (its shape depends on the prompt)."""
-        prompt, sampling = _setup(self.model, prompt, max_new_tokens, sampling, temperature, generator)
+        prompt, sampling = prepare_generation(self.model, prompt, max_new_tokens, sampling, temperature, generator)
         if sampling.repetition_penalty != 1.0 or sampling.presence_penalty or sampling.frequency_penalty:
             raise ValueError("FastGenerator does not apply penalties; use helpers.generate for those")
         B, T = prompt.shape

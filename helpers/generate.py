@@ -24,7 +24,7 @@ from .kv_cache import KVCache
 from .model import check_cache, check_token_ids
 from .sampling import SamplingConfig, check_generator, next_token
 from .sliding_window import RollingKVCache
-from .stopping import StopChecker, stop_checker  # noqa: F401  (StopChecker: re-exported)
+from .stopping import stop_checker
 
 
 def as_prompt_tensor(prompt, model) -> torch.Tensor:
@@ -84,12 +84,11 @@ def check_logits_processors(logits_processors) -> tuple:
     return tuple(logits_processors)
 
 
-def _stop_checker(batch_size, eos_id, stop_sequences, stop_criteria=()):
-    # kept under its old name for the modules that still import it; the logic is stopping.stop_checker
-    return stop_checker(batch_size, eos_id, stop_sequences, stop_criteria)
-
-
-def _setup(model, prompt, max_new_tokens, sampling, temperature, generator):
+def prepare_generation(model, prompt, max_new_tokens, sampling: SamplingConfig | None, temperature: float,
+                       generator) -> tuple[torch.Tensor, SamplingConfig]:
+    """What every decode loop checks before any work: the generator, the prompt (returned as (B, T) long on
+    the model's device), the length against the context window; and the SamplingConfig (built from
+    `temperature` when none is given). Shared by generate, generate_without_cache and FastGenerator.generate."""
     check_generator(generator)  # here, before any work: greedy decoding would never look at it
     prompt = as_prompt_tensor(prompt, model)
     check_generation_length(prompt.shape[1], max_new_tokens, model.cfg.max_seq_len)
@@ -124,7 +123,7 @@ def generate(model, prompt, max_new_tokens: int, *, temperature: float = 0.0, sa
                        decode_one_token. Another step (a compiled one, one for another cache) reuses
                        this loop and all its stop conditions and processors.
     """
-    prompt, sampling = _setup(model, prompt, max_new_tokens, sampling, temperature, generator)
+    prompt, sampling = prepare_generation(model, prompt, max_new_tokens, sampling, temperature, generator)
     B, T = prompt.shape
     stop = stop_checker(B, eos_id, stop_sequences, stop_criteria)
     logits_processors = check_logits_processors(logits_processors)
@@ -177,14 +176,14 @@ def generate_without_cache(model, prompt, max_new_tokens: int, *, temperature: f
                            eos_id: int | None = None, stop_sequences=(), progress: bool = False,
                            stop_criteria=()) -> torch.Tensor:
     """The same loop without a cache: every step runs the model over the whole sequence so far."""
-    prompt, sampling = _setup(model, prompt, max_new_tokens, sampling, temperature, generator)
+    prompt, sampling = prepare_generation(model, prompt, max_new_tokens, sampling, temperature, generator)
     B, T = prompt.shape
     stop = stop_checker(B, eos_id, stop_sequences, stop_criteria)
     generated: list[int] = []
     penalised = sampling.repetition_penalty != 1.0 or sampling.presence_penalty or sampling.frequency_penalty
     seq = prompt
     bar = _progress(max_new_tokens, progress)
-    for n in range(1, max_new_tokens + 1):
+    for _ in range(max_new_tokens):
         logits = model(seq, last_only=True, check=False)[:, -1, :]  # recompute every position: (B, V)
         tok = next_token(logits, sampling, generator, seq if penalised else None)
         seq = torch.cat([seq, tok], dim=1)

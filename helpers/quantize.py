@@ -328,7 +328,7 @@ class QuantizedLinear(nn.Module):
                                         scale_dtype=STORAGE_DTYPE)  # (N, K), (N, 1)
             self.register_buffer("scales", scales.reshape(N))  # (N,) bf16
             if self.kernel == "dynamic":
-                self._packed = _prepack_dynamic(q, self.scales)  # fbgemm's own int8 layout (CPU only)
+                self._packed = prepack_dynamic(q, self.scales)  # fbgemm's own int8 layout (CPU only)
             else:
                 self.register_buffer("qweight", q)  # (N, K) int8
             return
@@ -363,6 +363,13 @@ class QuantizedLinear(nn.Module):
             raise ValueError("linear must have no bias (bias=False); the course model's layers have none")
         return cls(linear.weight, method=method, group_size=group_size, kernel=kernel)
 
+    def dynamic_codes(self) -> torch.Tensor:
+        """The (N, K) int8 codes the "dynamic" kernel multiplies by, unpacked from fbgemm's packed layout (they
+        have dynamic_weight_bits() bits: 7 where the kernel would saturate 8-bit ones)."""
+        if self.kernel != "dynamic":
+            raise ValueError(f"dynamic_codes is for kernel='dynamic'; this layer's kernel is {self.kernel!r}")
+        return torch.ops.quantized.linear_unpack(self._packed)[0].int_repr()
+
     def dequantized_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         """The (N, K) matrix this layer multiplies by. For int4 only with kernel="reference" (the
         kernels' tiled layouts are opaque; build a reference layer from the same weight instead)."""
@@ -371,7 +378,7 @@ class QuantizedLinear(nn.Module):
             return self.qweight.to(dtype)
         if self.method == "int8":
             if self.kernel == "dynamic":
-                q = torch.ops.quantized.linear_unpack(self._packed)[0].int_repr()  # (N, K) int8
+                q = self.dynamic_codes()  # (N, K) int8
             else:
                 q = self.qweight
             return dequantize_absmax(q, self.scales.unsqueeze(1), dtype)
@@ -473,7 +480,10 @@ def _pack_for_int4_kernel(q: torch.Tensor, inner_k_tiles: int) -> torch.Tensor:
     return torch.ops.aten._convert_weight_to_int4pack(pairs, inner_k_tiles)  # (N/8, K/(tiles*16), 32, tiles/2)
 
 
-def _prepack_dynamic(q: torch.Tensor, scales: torch.Tensor):
+def prepack_dynamic(q: torch.Tensor, scales: torch.Tensor):
+    """(N, K) int8 codes and (N,) per-row scales -> fbgemm's packed weight for torch.ops.quantized.linear_dynamic
+    (CPU only). It packs whatever codes it is given: QuantizedLinear(kernel="dynamic") gives it codes of
+    dynamic_weight_bits() bits; chapter 11 gives it 8-bit codes to show the kernel saturating."""
     N = q.shape[0]
     with warnings.catch_warnings():  # torch >= 2.10 flags quantized tensors as deprecated; the op still ships
         warnings.simplefilter("ignore")
@@ -494,7 +504,7 @@ def dynamic_int8_saturates() -> bool:
     if not set(torch.backends.quantized.supported_engines) & {"fbgemm", "x86"}:
         return False
     K, N = 64, 8
-    packed = _prepack_dynamic(torch.full((N, K), 127, dtype=torch.int8), torch.ones(N))
+    packed = prepack_dynamic(torch.full((N, K), 127, dtype=torch.int8), torch.ones(N))
     y = torch.ops.quantized.linear_dynamic(torch.ones(1, K), packed, False)  # (1, N)
     return abs(y[0, 0].item() - 127 * K) > 0.5
 

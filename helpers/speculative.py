@@ -48,7 +48,7 @@ one compiled graph (`warmup_speculative`): the target's (gamma + 1)-token verify
 1-token step and 2-token catch-up (after a fully accepted round the draft has not seen its last
 proposal). The prefill and a last round cut short by max_new_tokens run the same static path eagerly,
 so a generation never compiles in its middle; greedy output still equals `generate`'s token for token.
-A round goes further: draft proposals, verify pass and acceptance are one compiled graph (`_FusedRounds`,
+A round goes further: draft proposals, verify pass and acceptance are one compiled graph (`FusedRounds`,
 the fifth graph), so Python sees a round once instead of gamma + 1 times; at temperature > 0 the graph
 draws its tokens from uniforms drawn on the host (a compiled graph takes no torch.Generator).
 Sampled tokens keep the target's distribution, but need not equal the eager loop's for the same
@@ -90,11 +90,11 @@ DEFAULT_GAMMA = 3  # draft tokens per round with a draft model (chapter 12 measu
 # little and hurt sampling more (alpha 0.44 at T=1): none is clearly better for both, so 3. (Measured
 # before the compiled step attended with fused sums, which made plain compiled decoding faster and not the
 # 4-token verify pass: in the bench after that change gamma 3 gave 0.88x greedy, 0.51x at T=1.) With each
-# greedy round one compiled graph (_FusedRounds), one noisy run of the bench's rows, gamma 3 / 4 / 5 / 6:
+# greedy round one compiled graph (FusedRounds), one noisy run of the bench's rows, gamma 3 / 4 / 5 / 6:
 # greedy 1.14x / 1.39x / 1.30x / 1.29x (models called one at a time: 1.14x / 1.14x / 1.12x / 1.02x), T=1
 # 0.61x / 0.50x / 0.49x / 0.45x. Longer drafts now help greedy, and still hurt sampling; 3 stays.
 DEFAULT_COMPILED_GAMMA = DEFAULT_GAMMA
-# At temperature > 0 with the sampled round fused too (_FusedRounds), T=1 against plain compiled sampling,
+# At temperature > 0 with the sampled round fused too (FusedRounds), T=1 against plain compiled sampling,
 # 3 prompts x 128 tokens, the same seeds, two runs (the variants interleaved in each): gamma 1: 1.04x, 0.93x,
 # 1.01x (the loop of model calls 0.68-0.79x); gamma 2: 1.01x, 0.86x, 0.88x (0.64-0.69x); gamma 3: 0.72x
 # (0.57x). With alpha near 0.45 a second proposal is accepted too rarely to pay for its draft step and
@@ -307,7 +307,7 @@ class _StaticSteps:
         self.length = length
 
 
-class _FusedRounds:
+class FusedRounds:
     """A whole round on two compiled FastGenerators as ONE compiled graph: the draft's gamma proposals (each
     drawn inside the graph and fed straight into the next draft step), the target's verify pass over
     gamma + 1 positions, and the acceptance rule. Python sees the round once: one call, one device -> host
@@ -429,7 +429,7 @@ class _FusedRounds:
 
 
 def fuses_rounds(sampling: SamplingConfig) -> bool:
-    """Whether the compiled loop runs this config's full rounds as one graph each (_FusedRounds): greedy,
+    """Whether the compiled loop runs this config's full rounds as one graph each (FusedRounds): greedy,
     or plain temperature sampling (no top-k, top-p or min-p)."""
     return sampling.greedy or (sampling.top_k == 0 and sampling.top_p == 1.0 and sampling.min_p == 0.0)
 
@@ -439,7 +439,7 @@ def fuses_rounds(sampling: SamplingConfig) -> bool:
 _FUSED_ROUNDS: "weakref.WeakKeyDictionary[FastGenerator, dict]" = weakref.WeakKeyDictionary()
 
 
-def _fused_rounds(target: FastGenerator, draft: FastGenerator, gamma: int, sampled: bool) -> _FusedRounds | None:
+def fused_rounds(target: FastGenerator, draft: FastGenerator, gamma: int, sampled: bool) -> FusedRounds | None:
     """The compiled round of this kind for these generators and gamma, compiling it on first use; None when
     either generator is not compiled or the round failed to compile (then the loop of model calls runs)."""
     if not (target.compiled and draft.compiled):
@@ -447,12 +447,12 @@ def _fused_rounds(target: FastGenerator, draft: FastGenerator, gamma: int, sampl
     rounds = _FUSED_ROUNDS.setdefault(target, {})
     key = (id(draft), gamma, sampled)
     if key not in rounds:
-        fused = _FusedRounds(target, draft, gamma, sampled)
+        fused = FusedRounds(target, draft, gamma, sampled)
         error = fused.warmup()
         if error is not None:
             kind = "sampled" if sampled else "greedy"
             warnings.warn(f"torch.compile failed for the fused {kind} round ({type(error).__name__}: "
-                          f"{str(error)[:200]}); {kind} rounds call the models one at a time")
+                          f"{str(error)[:200]}); {kind} rounds call the models one at a time", stacklevel=2)
             fused = None
         rounds[key] = fused
     return rounds[key]
@@ -467,12 +467,12 @@ def _round_room(target: FastGenerator, draft: FastGenerator) -> int:
 def fused_round_call(fast_target: FastGenerator, fast_draft: FastGenerator, gamma: int, position: int,
                      sampled: bool = False):
     """A zero-argument function that runs one compiled round (gamma draft steps and the verify pass, one graph:
-    _FusedRounds) after `position` committed tokens, for timing it against a single target step; None when
+    FusedRounds) after `position` committed tokens, for timing it against a single target step; None when
     the round does not compile. It writes both caches (the target's at position - 1 .. position + gamma - 1,
     the draft's one lower), so time it before a generation (which prefills again), not in the middle of one.
     Greedy by default; with sampled=True, a temperature-1 round on fixed uniforms."""
     _check_gamma(gamma)
-    rounds = _fused_rounds(fast_target, fast_draft, gamma, sampled)
+    rounds = fused_rounds(fast_target, fast_draft, gamma, sampled)
     limit = _round_room(fast_target, fast_draft) - gamma
     if not isinstance(position, int) or not 2 <= position <= limit:
         raise ValueError(f"position must be an int in [2, {limit}] for these caches; got {position!r}")
@@ -497,7 +497,7 @@ def warmup_speculative(fast_target: FastGenerator, fast_draft: FastGenerator, ga
                        *, temperature: float = 0.0, sampling: SamplingConfig | None = None) -> float:
     """Compile every graph speculative_generate(fast_target, fast_draft, ..., gamma=gamma) uses with these
     sampling settings (the same arguments): each model's steps for the loop of model calls, and the
-    round as one graph (_FusedRounds, greedy or sampled) where fuses_rounds(sampling). Returns the seconds
+    round as one graph (FusedRounds, greedy or sampled) where fuses_rounds(sampling). Returns the seconds
     the generators' warm-ups took so far plus the compile seconds of this pair's rounds at this gamma (time
     it apart from the generation; a difference of two calls with different gammas is not a warm-up time)."""
     _check_gamma(gamma)
@@ -505,7 +505,7 @@ def warmup_speculative(fast_target: FastGenerator, fast_draft: FastGenerator, ga
     counts = speculative_token_counts(gamma)
     seconds = fast_target.warmup(counts["target"]) + fast_draft.warmup(counts["draft"])
     if fuses_rounds(sampling):
-        _fused_rounds(fast_target, fast_draft, gamma, sampled=not sampling.greedy)  # compiles on first use
+        fused_rounds(fast_target, fast_draft, gamma, sampled=not sampling.greedy)  # compiles on first use
     rounds = _FUSED_ROUNDS.get(fast_target, {})
     return seconds + sum(r.compile_seconds for (d, g, _), r in rounds.items()
                          if d == id(fast_draft) and g == gamma and r is not None)
@@ -574,7 +574,7 @@ def speculative_generate(target, draft, prompt, max_new_tokens: int, *, gamma: i
     gamma defaults to DEFAULT_COMPILED_GAMMA, or DEFAULT_COMPILED_SAMPLED_GAMMA at temperature > 0; the
     first call compiles what `warmup_speculative` would with the same arguments).
     fuse_rounds (compiled FastGenerators, greedy or plain temperature sampling: `fuses_rounds`): run each
-    full round as one compiled graph (_FusedRounds); False calls the models one at a time, as top-k,
+    full round as one compiled graph (FusedRounds); False calls the models one at a time, as top-k,
     top-p and min-p always do.
     """
     static = isinstance(target, FastGenerator)
@@ -612,7 +612,7 @@ def speculative_generate(target, draft, prompt, max_new_tokens: int, *, gamma: i
     # after the first round, skip dynamo's guard checks: that round checked them for every graph a round
     # uses (fast_decode.guards_checked_once)
     later = guards_checked_once if target.compiled else None
-    fused = _fused_rounds(target, draft, gamma, not sampling.greedy) if fuse_rounds and fuses_rounds(sampling) else None
+    fused = fused_rounds(target, draft, gamma, not sampling.greedy) if fuse_rounds and fuses_rounds(sampling) else None
     with torch.no_grad():
         return _speculative_loop(_StaticSteps(target, counts["target"]), _StaticSteps(draft, counts["draft"]),
                                  prompt, max_new_tokens, gamma, sampling, generator, eos_id, trace, later, fused)
@@ -622,7 +622,7 @@ def _speculative_loop(target, draft, prompt, max_new_tokens, gamma, sampling, ge
                       later_rounds=None, fused=None):
     """The rounds, on two steppers (_EagerSteps or _StaticSteps): logits(tokens) at positions
     length..length+T-1, and truncate(n). later_rounds: a context manager factory entered after the
-    first round (the static path's guard skipping). fused: a _FusedRounds for the steppers' generators and
+    first round (the static path's guard skipping). fused: a FusedRounds for the steppers' generators and
     this kind of sampling, which then runs every full-length round with n >= 2."""
     with contextlib.ExitStack() as stack:
         return _rounds(target, draft, prompt, max_new_tokens, gamma, sampling, generator, eos_id, trace,

@@ -1,7 +1,13 @@
-"""The exercise check: not attempted, right, wrong, and an answer of the wrong kind."""
-import pytest
+"""The exercise check: not attempted, not run yet, right, wrong, and an answer of the wrong kind; and how a
+wrong answer looks in a notebook (one line, still an error)."""
+import sys
 
-from helpers.course.exercises import ExerciseNotRight, exercise
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from helpers.course.exercises import FROM_NOTEBOOK, ExerciseNotRight, exercise
+from helpers.paths import REPO
 
 
 def test_not_attempted_prints_and_does_not_fail(capsys):
@@ -23,3 +29,49 @@ def test_wrong_answer_raises_with_hint():
 def test_wrong_kind_of_answer_is_a_clear_failure():
     with pytest.raises(ExerciseNotRight, match="TypeError"):
         exercise("0.1", "three", lambda a: a + 1 == 4)
+
+
+def test_answer_read_by_name_from_the_notebook(monkeypatch, capsys):
+    main = sys.modules["__main__"]  # a notebook's cells run in __main__
+    exercise("0.1", FROM_NOTEBOOK, lambda a: a == 3, name="house_answer")
+    assert "run the answer cell above first (it defines house_answer)" in capsys.readouterr().out
+    monkeypatch.setattr(main, "house_answer", 3, raising=False)
+    exercise("0.1", FROM_NOTEBOOK, lambda a: a == 3, name="house_answer")
+    assert "correct" in capsys.readouterr().out
+    monkeypatch.setattr(main, "house_tiles", 136, raising=False)
+    exercise("0.2", FROM_NOTEBOOK, lambda a: a == (136, 0.53), name=("house_tiles", "house_share"))
+    assert "(it defines house_share)" in capsys.readouterr().out  # names only what is missing
+    monkeypatch.setattr(main, "house_share", ..., raising=False)
+    exercise("0.2", FROM_NOTEBOOK, lambda a: a == (136, 0.53), name=("house_tiles", "house_share"))
+    assert "not attempted yet" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="no name"):
+        exercise("0.3", FROM_NOTEBOOK, lambda a: True)
+
+
+def test_a_stub_function_is_not_attempted_yet(monkeypatch, capsys):
+    def per_client_itl(C, X):
+        return ...
+
+    monkeypatch.setattr(sys.modules["__main__"], "per_client_itl", per_client_itl, raising=False)
+    from helpers.course.exercises import ch14
+
+    ch14.check_3()
+    assert "not attempted yet" in capsys.readouterr().out
+    with pytest.raises(ExerciseNotRight):
+        ch14.check_3(lambda C, X: X / C)
+
+
+def test_in_a_notebook_a_wrong_answer_is_one_line_and_still_an_error():
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("from helpers.course.exercises import ch13\nblocks_held = 5"),
+        nbformat.v4.new_code_cell("ch13.check_1()", metadata={"tags": ["raises-exception"]}),
+        nbformat.v4.new_code_cell("ch13.check_2()"),
+    ])
+    NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True,
+                   resources={"metadata": {"path": str(REPO)}}).execute()
+    [error] = nb.cells[1].outputs
+    assert error.output_type == "error" and error.ename == "ExerciseNotRight"  # nbval still sees the error
+    assert error.evalue.startswith("Exercise 13.1: not right yet") and "hint:" in error.evalue
+    assert error.traceback == [error.evalue]  # the message alone: no frames, no checker source
+    [line] = nb.cells[2].outputs
+    assert line.text == "Exercise 13.2: run the answer cell above first (it defines wasted_share)\n"

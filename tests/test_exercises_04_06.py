@@ -55,17 +55,17 @@ class RepeatedToken(RepeatedLine):
 
 def test_04_1_repeated_line(model_and_tok, capsys):
     model, tok = model_and_tok
-    ch04.check_1(RepeatedLine, model, tok)
+    ch04.check_1(model, tok, RepeatedLine)
     assert "correct" in capsys.readouterr().out
     for wrong in (AnyNewline, RepeatedToken):
         with pytest.raises(ExerciseNotRight, match="should"):
-            ch04.check_1(wrong, model, tok)
+            ch04.check_1(model, tok, wrong)
 
 
 def test_04_2_and_04_3(model_and_tok, capsys):
     model, _ = model_and_tok
     with pytest.raises(ExerciseNotRight, match="> 0"):
-        ch04.check_2(-1.0, model, [1, 2, 3])
+        ch04.check_2(model, [1, 2, 3], -1.0)
     ch04.check_3((400 * 100 + 99 * 100 // 2) / 499)
     assert "correct" in capsys.readouterr().out
     with pytest.raises(ExerciseNotRight):
@@ -88,17 +88,17 @@ def test_05_3_ragged_pair(model_and_tok, capsys):
     def one_at_a_time(prompts, n_new):  # the right tokens (not batched, which the check cannot see)
         return [generate(model, p, n_new)[0, len(p):].tolist() for p in prompts]
 
-    ch05.check_3(one_at_a_time, model, tok)
+    ch05.check_3(model, tok, one_at_a_time)
     assert "correct" in capsys.readouterr().out
     with pytest.raises(ExerciseNotRight, match="row 0"):
-        ch05.check_3(lambda prompts, n: one_at_a_time(prompts, n)[::-1], model, tok)
+        ch05.check_3(model, tok, lambda prompts, n: one_at_a_time(prompts, n)[::-1])
     with pytest.raises(ExerciseNotRight, match="two lists"):
-        ch05.check_3(lambda prompts, n: [[0] * n], model, tok)
+        ch05.check_3(model, tok, lambda prompts, n: [[0] * n])
 
 
 def test_05_4_needs_a_positive_ratio(model_and_tok):
     with pytest.raises(ExerciseNotRight, match="> 0"):
-        ch05.check_4(0.0, model_and_tok[0])
+        ch05.check_4(model_and_tok[0], 0.0)
 
 
 def test_06_checks(capsys):
@@ -122,4 +122,19 @@ def test_06_checks(capsys):
     with pytest.raises(ExerciseNotRight):
         ch06.check_3((nbytes / 1e9, 800e9 / (2 * nbytes)))
     with pytest.raises(ExerciseNotRight, match="> 0"):
-        ch06.check_4(-5.0)
+        ch06.check_4("cpu", -5.0)
+
+
+def test_checks_read_the_answer_from_the_notebook(capsys, monkeypatch):
+    import __main__
+
+    monkeypatch.delattr(__main__, "qwen", raising=False)
+    ch05.check_1()  # not defined yet: says which cell to run
+    assert "run the answer cell above first (it defines qwen)" in capsys.readouterr().out
+    monkeypatch.setattr(__main__, "predicted_ms", ..., raising=False)
+    ch06.check_4()  # still the exercise cell's ...: nothing is measured
+    assert "not attempted yet" in capsys.readouterr().out
+    monkeypatch.setattr(__main__, "dense_ratio_after_prompt", 44_950 / 499, raising=False)
+    ch04.check_3()
+    assert "correct" in capsys.readouterr().out
+

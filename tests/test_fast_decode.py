@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+from functools import partial
 
 import pytest
 import torch
@@ -231,7 +232,8 @@ def test_compiled_cpu_step_attends_without_torchs_attention_kernel(model):
         # the generated Python caller: the C++ one (the CPU default) calls the kernels past the profiler
         fast = FastGenerator(model, max_seq_len=64, static_attention=attention, cpp_wrapper=False)
         assert torch.equal(fast.generate(prompt, 40), ref) and fast.compiled
-        ops[attention] = set(profile_step(lambda: fast.step(torch.tensor([[3]]), torch.tensor([50])), steps=2).ops)
+        step = partial(fast.step, torch.tensor([[3]]), torch.tensor([50]))
+        ops[attention] = set(profile_step(step, steps=2).ops)
     assert FastGenerator(model, compile=False).static_attention == "sums"  # the default on a CPU
     assert not any("scaled_dot_product" in name for name in ops["sums"])  # fused into inductor's loop
     assert any("scaled_dot_product" in name for name in ops["sdpa"])
@@ -309,7 +311,7 @@ def test_autotuned_gemm_step_gives_the_tokens_and_logits_of_the_library_step(mod
     assert not FastGenerator(model, compile=False).gemm_autotune  # opt-in
     tuned = FastGenerator(model, max_seq_len=48, gemm_autotune=True)
     assert tuned.warmup() > 0 and tuned.compiled and tuned.freeze
-    assert tuned._compile_key() != FastGenerator(model, max_seq_len=48)._compile_key()
+    assert tuned.compile_key() != FastGenerator(model, max_seq_len=48).compile_key()
     for prompt in ([3, 1, 4, 1, 5], [9]):
         assert torch.equal(tuned.generate(prompt, 40), generate(model, prompt, 40))
     with torch.no_grad():

@@ -255,14 +255,14 @@ def test_dynamic_int8_weight_bits_follow_the_kernel():
     """7-bit weight codes exactly where the kernel's int16 pair sums saturate, 8 bits elsewhere."""
     assert dynamic_weight_bits() == (7 if dynamic_int8_saturates() else 8)
     layer = QuantizedLinear(torch.randn(16, 64), "int8", kernel="dynamic")
-    q = torch.ops.quantized.linear_unpack(layer._packed)[0].int_repr()
+    q = layer.dynamic_codes()
     assert q.abs().max().item() == 2 ** (dynamic_weight_bits() - 1) - 1
 
 
 SATURATING_CHECK = """
 import torch, torch.nn as nn
 from helpers.quantize import QuantizedLinear, dynamic_int8_saturates, dynamic_weight_bits, quantize_absmax
-from helpers.quantize import _prepack_dynamic
+from helpers.quantize import prepack_dynamic
 from test_quantize import emulate_dynamic_activation_quant
 assert dynamic_int8_saturates() and dynamic_weight_bits() == 7
 torch.manual_seed(0)
@@ -271,7 +271,7 @@ layer = QuantizedLinear(w, "int8", kernel="dynamic")
 expected = emulate_dynamic_activation_quant(x) @ layer.dequantized_weight().T
 assert (layer(x) - expected).abs().max() <= 1e-4 * expected.abs().max()
 q8, s8 = quantize_absmax(w, bits=8, per_channel=True, scale_dtype=torch.bfloat16)  # what would go wrong
-y8 = torch.ops.quantized.linear_dynamic(x, _prepack_dynamic(q8, s8.reshape(-1)), False)
+y8 = torch.ops.quantized.linear_dynamic(x, prepack_dynamic(q8, s8.reshape(-1)), False)
 ideal8 = emulate_dynamic_activation_quant(x) @ (q8.float() * s8.float()).T
 assert (y8 - ideal8).abs().max() > 100 * 1e-4 * ideal8.abs().max()
 print("ok")

@@ -413,7 +413,7 @@ def test_fused_round_multiplies_as_its_generators_do(tiny_pair):
     tuned_t, tuned_d = (FastGenerator(m, gemm_autotune=True) for m in tiny_pair)
     for fast_t, fast_d, frozen in ((plain_t, plain_d, False), (tuned_t, tuned_d, True)):
         warmup_speculative(fast_t, fast_d, 3)
-        fused = speculative._fused_rounds(fast_t, fast_d, 3, sampled=False)
+        fused = speculative.fused_rounds(fast_t, fast_d, 3, sampled=False)
         assert fused.compiled and fused.freeze == frozen
         for prompt in ([1, 2], [4, 0, 3, 3, 1, 2, 0]):
             out, _ = speculative_generate(fast_t, fast_d, prompt, 40, gamma=3)
@@ -438,7 +438,7 @@ def test_static_eager_speculative_equals_target_greedy(tiny_pair):
 
 @pytest.mark.skipif(not compile_available(), reason="torch.compile needs a C++ compiler on the CPU")
 def test_compiled_speculative_equals_target_greedy(tiny_pair):
-    target, draft = tiny_pair
+    target, _ = tiny_pair
     fast_t, fast_d = _fast_pair(tiny_pair, compile=True)
     gamma = 3
     seconds = warmup_speculative(fast_t, fast_d, gamma)
@@ -462,7 +462,7 @@ def test_compiled_speculative_equals_target_greedy(tiny_pair):
 @pytest.mark.skipif(not compile_available(), reason="torch.compile needs a C++ compiler on the CPU")
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "T=1"])
 def test_fused_round_runs_the_rounds(tiny_pair, monkeypatch, temperature):
-    """Full rounds on compiled generators run as one graph each (_FusedRounds), greedy and sampled: count its
+    """Full rounds on compiled generators run as one graph each (FusedRounds), greedy and sampled: count its
     calls, check what trace records against the output, that greedy equals the target's greedy tokens and
     a seed fixes the sampled ones, and that unusable logits are a clear error, not a wrong token."""
     from helpers import speculative
@@ -471,11 +471,11 @@ def test_fused_round_runs_the_rounds(tiny_pair, monkeypatch, temperature):
     fast_t, fast_d = _fast_pair(tiny_pair, compile=True)
     gamma, sampling = 3, SamplingConfig(temperature=temperature)
     warmup_speculative(fast_t, fast_d, gamma, sampling=sampling)
-    fused = speculative._fused_rounds(fast_t, fast_d, gamma, sampled=temperature > 0)
+    fused = speculative.fused_rounds(fast_t, fast_d, gamma, sampled=temperature > 0)
     assert fused is not None and fused.compiled and fused.sampled == (temperature > 0)
     calls = []
-    real_call = speculative._FusedRounds.__call__
-    monkeypatch.setattr(speculative._FusedRounds, "__call__",
+    real_call = speculative.FusedRounds.__call__
+    monkeypatch.setattr(speculative.FusedRounds, "__call__",
                         lambda self, ids, n, *args: calls.append(n) or real_call(self, ids, n, *args))
 
     def run(prompt, n_new, seed=0, cfg=sampling):
@@ -502,7 +502,7 @@ def test_fused_round_runs_the_rounds(tiny_pair, monkeypatch, temperature):
             assert out[0, n:n + k + 1].tolist() == (proposed[:k] + [nxt])[:out.shape[1] - n]
             n += k + 1
         assert n >= out.shape[1]
-    assert speculative._fused_rounds(fast_t, fast_d, gamma, sampled=temperature > 0) is fused  # compiled once
+    assert speculative.fused_rounds(fast_t, fast_d, gamma, sampled=temperature > 0) is fused  # compiled once
     if not sampling.greedy:  # top-k (compiled in, it would be a graph per value) calls the models one at a time
         calls.clear()
         run([1, 2], 20, cfg=SamplingConfig(temperature=temperature, top_k=3))
@@ -532,8 +532,8 @@ def test_last_rounds_without_room_call_the_models(tiny_pair, monkeypatch):
     fast_t = FastGenerator(target, max_seq_len=len(prompt) + n_new)
     fast_d = FastGenerator(draft, max_seq_len=len(prompt) + n_new)
     calls = []
-    real_call = speculative._FusedRounds.__call__
-    monkeypatch.setattr(speculative._FusedRounds, "__call__",
+    real_call = speculative.FusedRounds.__call__
+    monkeypatch.setattr(speculative.FusedRounds, "__call__",
                         lambda self, ids, n, *args: calls.append(n) or real_call(self, ids, n, *args))
     out, stats = speculative_generate(fast_t, fast_d, prompt, n_new, gamma=gamma)
     assert torch.equal(out, generate(target, prompt, n_new))

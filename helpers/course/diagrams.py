@@ -111,7 +111,7 @@ def draw_speculative_round(committed=("def", " f", "(x"), proposals=("):", "⏎"
     ax.text(n_c - 1 + (gamma + 1) / 2, 3, "one pass: p_target at each proposal + 1 row", ha="center",
             va="center", fontsize=8)
     # row 2: verdicts
-    for i, t in enumerate(proposals):
+    for i in range(len(proposals)):
         if i < n_accepted:
             box(n_c + i, 2, "accept", "accepted")
         elif i == n_accepted:

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import statistics
 import time
+from functools import partial
 from typing import Any, Callable
 
 import torch
 
 from ..device import synchronize
-from ..generate import decode_one_token, prefill
 from ..kv_cache import KVCache
 
 __all__ = ["median", "spread", "timed", "time_call", "time_interleaved", "step_seconds", "decode_step_seconds",
@@ -117,27 +117,30 @@ def step_seconds(step: Callable[[Any], Any], x, n_steps: int, device, advance=gr
     _check_counts(n_steps, warmup)
     times = []
     for i in range(warmup + n_steps):
-        seconds, out = timed(lambda: step(x), device)
+        seconds, out = timed(partial(step, x), device)
         if i >= warmup:
             times.append(seconds)
         x = advance(x, out)
     return times
 
 
-def _random_prompt(cfg, context: int, seed: int, device, batch_size: int = 1) -> torch.Tensor:
+def _prefilled(model, cache, context: int, seed: int) -> torch.Tensor:
+    """Reset `cache`, run a seeded random `context`-token prompt through `model` into it (as generate.prefill
+    does, without its argument checks: these are the timers' own tensors); the greedy next token, (1, 1)."""
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, cfg.vocab_size, (batch_size, context), generator=g).to(device)  # (B, context)
+    prompt = torch.randint(0, model.cfg.vocab_size, (1, context), generator=g).to(model.device)  # (1, context)
+    cache.reset()
+    return greedy_next(prompt, model(prompt, cache=cache, start_pos=0, last_only=True, check=False))
 
 
 @torch.no_grad()
 def decode_step_seconds(model, n_steps: int = 16, context: int = 16, seed: int = 0, warmup: int = 0) -> float:
-    """Median seconds of one batch-1 greedy decode step (decode_one_token on a KVCache) after a
-    `context`-token random prompt (seeded: the same tokens every call). Any model with the Transformer's
-    forward works (a quantized one too)."""
-    prompt = _random_prompt(model.cfg, context, seed, model.device)  # (1, context)
+    """Median seconds of one batch-1 greedy decode step (the model's forward over one token on a KVCache, what
+    generate.decode_one_token runs) after a `context`-token random prompt (seeded: the same tokens every
+    call). Any model with the Transformer's forward works (a quantized one too)."""
     cache = KVCache.for_model(model, max_seq_len=context + warmup + n_steps + 1)
-    token = greedy_next(prompt, prefill(model, prompt, cache))  # (1, 1)
-    return median(step_seconds(lambda t: decode_one_token(model, t, cache), token, n_steps, model.device,
+    token = _prefilled(model, cache, context, seed)  # (1, 1)
+    return median(step_seconds(lambda t: model(t, cache=cache, check=False), token, n_steps, model.device,
                                warmup=warmup))
 
 
@@ -146,9 +149,8 @@ def compiled_step_seconds(fast, n_steps: int = 16, context: int = 16, seed: int 
     """decode_step_seconds for a FastGenerator (fast_decode.py): median seconds of one compiled batch-1 step
     after a `context`-token random prompt, prefilled eagerly as FastGenerator.generate does. Compile it first
     (fast.warmup()): the first call of a cold generator compiles."""
-    model, device = fast.model, fast.model.device
-    prompt = _random_prompt(model.cfg, context, seed, device)  # (1, context)
-    token = greedy_next(prompt, prefill(fast.decode_model, prompt, fast.cache))  # (1, 1)
+    device = fast.model.device
+    token = _prefilled(fast.decode_model, fast.cache, context, seed)  # (1, 1)
     # one position tensor per step, made before the clock starts: (1,) each, context, context + 1, ...
     positions = iter([torch.tensor([p], device=device) for p in range(context, context + warmup + n_steps)])
     return median(step_seconds(lambda t: fast.step(t, next(positions)), token, n_steps, device, warmup=warmup))

@@ -228,7 +228,7 @@ class WorkerGroup:
                     waiting = sorted(set(range(self.world_size)) - set(out))
                     self._kill_all()
                     raise WorkerError(f"{what} did not finish within {timeout_s:.0f} s (still waiting for "
-                                      f"rank {waiting}); all workers were killed")
+                                      f"rank {waiting}); all workers were killed") from None
                 continue
             if status == "error":
                 # a rank whose peer died sees "connection closed" inside the collective: name the dead

@@ -3,7 +3,7 @@ notebooks/solutions/04_autoregressive_loop_solutions.ipynb. Each check prints on
 what was measured) and returns nothing."""
 from __future__ import annotations
 
-from . import exercise
+from . import FROM_NOTEBOOK, exercise
 from .predictions import check_prediction
 
 # texts whose lines repeat or not in the ways a line-repeat stop must tell apart
@@ -23,7 +23,7 @@ def repeats_a_line(text: str) -> bool:
     return False
 
 
-def check_1(repeated_line_class, model, tok) -> None:
+def check_1(model, tok, answer=FROM_NOTEBOOK) -> None:
     """RepeatedLine(tok)(generated_ids) -> bool: fires once the generated text repeats a complete line."""
     from ...generate import generate
 
@@ -43,25 +43,25 @@ def check_1(repeated_line_class, model, tok) -> None:
         assert len(out) < 100, "given to generate(stop_criteria=[...]), it never stopped a greedy loop"
         return True
 
-    exercise("04.1", repeated_line_class, right, hint="decode the generated ids, split at '\\n', keep the complete "
-             "lines, strip them, and look for a non-blank one seen before")
+    exercise("04.1", answer, right, hint="decode the generated ids, split at '\\n', keep the complete lines, strip "
+             "them, and look for a non-blank one seen before", name="RepeatedLine")
 
 
-def check_2(predicted_s, model, prompt) -> None:
+def check_2(model, prompt, answer=FROM_NOTEBOOK) -> None:
     """A prediction checked by a measurement: seconds of generate(model, prompt, 64)."""
     from ...generate import generate
     from ...measure.timing import median, time_call
 
     check_prediction(
-        "04.2", predicted_s, lambda: median(time_call(lambda: generate(model, prompt, 64), model.device, repeats=3)),
+        "04.2", answer, lambda: median(time_call(lambda: generate(model, prompt, 64), model.device, repeats=3)),
         within=(0.5, 2), what="a time in seconds",
         hint="one prefill of the prompt gives the first token; each further token is one decode step",
         notice=lambda s, ratio: f"measured {s:.3f} s, {ratio:.2f}x your prediction: a generation is one TTFT and then "
-                                f"one TPOT per further token")
+                                f"one TPOT per further token", name="predicted_s")
 
 
-def check_3(dense_ratio_after_prompt) -> None:
+def check_3(answer=FROM_NOTEBOOK) -> None:
     """Dense work (in positions) without / with a cache, for 100 tokens after a 400-token prompt."""
     expected = sum(400 + k for k in range(100)) / (400 + 99)
-    exercise("04.3", dense_ratio_after_prompt, lambda a: abs(float(a) - expected) < 1e-9,
+    exercise("04.3", answer, lambda a: abs(float(a) - expected) < 1e-9, name="dense_ratio_after_prompt",
              hint="without a cache step k processes 400 + k - 1 positions; with one, a prefill of 400, then 1 a step")

@@ -7,7 +7,7 @@ import torch
 
 from ...measure.flops import kv_cache_bytes, parameter_count
 from ...model import ModelConfig
-from . import exercise
+from . import FROM_NOTEBOOK, exercise
 from .predictions import check_prediction
 
 QWEN25_7B = ModelConfig(vocab_size=152064, max_seq_len=32768, n_layers=28, d_model=3584, n_heads=28, n_kv_heads=4,
@@ -19,17 +19,17 @@ PAIR = ("class Point:", "    def __init__(self, name, value):\n        self.name
 PAIR_NEW = 12
 
 
-def check_1(answer) -> None:
+def check_1(answer=FROM_NOTEBOOK) -> None:
     """(qwen_per_token, qwen_gib): Qwen2.5-7B's bf16 cache per token, and for 32,768 tokens in GiB."""
     def right(a):
         per_token, gib = a
         return (int(per_token) == kv_cache_bytes(QWEN25_7B, 1, dtype=torch.bfloat16)
                 and abs(float(gib) - kv_cache_bytes(QWEN25_7B, 32768, dtype=torch.bfloat16) / 2**30) < 1e-9)
     exercise("05.1", answer, right, hint="two numbers: 2 (K and V) x layers x kv_heads x head_dim x bytes, "
-             "then x tokens / 2**30")
+             "then x tokens / 2**30", name="qwen")
 
 
-def check_2(answer) -> None:
+def check_2(answer=FROM_NOTEBOOK) -> None:
     """(max_batch, max_batch_mha): full-context Llama-3-8B sequences that fit next to its bf16 weights in 80 GB."""
     llama = ModelConfig.from_preset("llama3-8b")
     free = 80e9 - parameter_count(llama, tied_embeddings=False) * 2
@@ -40,10 +40,10 @@ def check_2(answer) -> None:
         return (int(gqa_batch) == int(free // kv_cache_bytes(llama, 8192, dtype=torch.bfloat16))
                 and int(mha_batch) == int(free // kv_cache_bytes(mha, 8192, dtype=torch.bfloat16)))
     exercise("05.2", answer, right, hint="two whole numbers: the memory left after the weights, divided by one "
-             "full-context sequence's cache")
+             "full-context sequence's cache", name="batches")
 
 
-def check_3(generate_pair, model, tok) -> None:
+def check_3(model, tok, answer=FROM_NOTEBOOK) -> None:
     """generate_pair(prompts, n_new): two prompts of different lengths decoded as one batch of 2, each row equal to
     generate() on its prompt alone."""
     from ...generate import generate
@@ -61,11 +61,11 @@ def check_3(generate_pair, model, tok) -> None:
                 f"generate() from token {next(k for k, (a, b) in enumerate(zip(row, want)) if int(a) != b)} on")
         return True
 
-    exercise("05.3", generate_pair, right, hint="a padding key must get zero weight, and a row of scores that is "
-             "all masked must not turn into NaN (-inf everywhere)")
+    exercise("05.3", answer, right, hint="a padding key must get zero weight, and a row of scores that is all "
+             "masked must not turn into NaN (-inf everywhere)", name="generate_pair")
 
 
-def check_4(predicted_ratio, model) -> None:
+def check_4(model, answer=FROM_NOTEBOOK) -> None:
     """A prediction checked by a measurement: uncached generation of 256 tokens over 128, after one token."""
     from ...generate import generate_without_cache
     from ...measure.timing import timed
@@ -84,6 +84,6 @@ def check_4(predicted_ratio, model) -> None:
         return (f"measured {ratio:.2f}x ({off:.2f}x your prediction) against 3.98x in FLOPs (the sum of k over 256 "
                 f"steps over the sum over 128): each uncached step also pays a fixed cost that does not grow with k")
 
-    check_prediction("05.4", predicted_ratio, measure, within=(0.6, 1.5), what="a ratio", notice=notice,
+    check_prediction("05.4", answer, measure, within=(0.6, 1.5), what="a ratio", notice=notice, name="predicted_ratio",
                      hint="interpolate section 3's uncached step times over every step and sum them "
                           "(estimated_total does that)")

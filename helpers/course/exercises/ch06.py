@@ -3,7 +3,7 @@ notebooks/solutions/06_flops_and_memory_solutions.ipynb. Exercises 2 and 4 are p
 the stated tolerance is right, and the check then says what the computed or measured value was."""
 from __future__ import annotations
 
-from . import exercise
+from . import FROM_NOTEBOOK, exercise, notebook_answer
 from .predictions import check_prediction
 
 GB = 1e9
@@ -17,7 +17,7 @@ def _llama70b():
                        d_ff=28672, rope_theta=500000.0)
 
 
-def check_1(answer):
+def check_1(answer=FROM_NOTEBOOK):
     """(Llama-3-70B's parameter count, untied; 2P / (2 P_matmul))."""
     from ...measure.flops import matmul_parameters, parameter_count
 
@@ -28,10 +28,11 @@ def check_1(answer):
         params, ratio = a
         return params == p and abs(float(ratio) - p / matmul_parameters(cfg)) < 1e-4
 
-    exercise("06.1", answer, is_right, hint="build the ModelConfig; count with tied_embeddings=False")
+    exercise("06.1", answer, is_right, hint="build the ModelConfig; count with tied_embeddings=False",
+             name="answer_70b")
 
 
-def check_2(predicted_limit):
+def check_2(answer=FROM_NOTEBOOK):
     """A prediction: the limit of Llama-3-8B's bf16 decode intensity for a very large batch, 4,096 tokens cached."""
     from ...measure.flops import arithmetic_intensity
     from ...model import ModelConfig
@@ -43,14 +44,15 @@ def check_2(predicted_limit):
         assert abs(off) < 0.1, f"{'above' if off > 0 else 'below'} the limit by more than 10%"
         return True
 
-    exercise("06.2", predicted_limit, is_right,
+    exercise("06.2", answer, is_right, name="predicted_limit",
              hint="per sequence: FLOPs 2 x matmul weights + attention's 4 L H D S, over 2 L H_kv D S x 2 bytes")
-    if isinstance(predicted_limit, (int, float)) and abs(predicted_limit / limit - 1) < 0.1:
+    predicted = notebook_answer("predicted_limit")[0] if answer is FROM_NOTEBOOK else answer
+    if isinstance(predicted, (int, float)) and abs(predicted / limit - 1) < 0.1:
         print(f"notice: the limit is {limit:.1f} FLOP/byte, far below an H100's ridge point of 295: at 4K tokens "
               f"per sequence batched decode stays memory-bound at any batch; 4 of it is attention's own intensity")
 
 
-def check_3(answer):
+def check_3(answer=FROM_NOTEBOOK):
     """(Llama-3-70B 4-bit weight GB, its batch-1 decode ceiling on an M2 Ultra in tokens/s)."""
     from ...measure.flops import weight_bytes
 
@@ -60,10 +62,10 @@ def check_3(answer):
         gb, tok_s = a
         return abs(float(gb) - nbytes / GB) < 0.01 and abs(float(tok_s) - M2_ULTRA_BANDWIDTH / nbytes) < 0.01
 
-    exercise("06.3", answer, is_right, hint="bandwidth / weight bytes, with 4 bits per weight")
+    exercise("06.3", answer, is_right, hint="bandwidth / weight bytes, with 4 bits per weight", name="answer_70b_int4")
 
 
-def check_4(predicted_ms, device="cpu"):
+def check_4(device="cpu", answer=FROM_NOTEBOOK):
     """A prediction checked by a measurement: one batch-1 decode step of bench-150m with 8 layers, in milliseconds."""
     import torch
 
@@ -79,8 +81,8 @@ def check_4(predicted_ms, device="cpu"):
 
     # the roofline is a lower bound: a step takes somewhat longer than it, never several times less
     check_prediction(
-        "06.4", predicted_ms, measure, within=(0.5, 4), what="a time in milliseconds",
+        "06.4", answer, measure, within=(0.5, 4), what="a time in milliseconds",
         hint="the bytes one step reads (forward_bytes), over the read roof for that many bytes (cal.read_roof)",
         notice=lambda ms, ratio: f"measured {ms:.1f} ms, {ratio:.2f}x your prediction: a weight stream runs at a "
                                  f"fraction of the read roof, and a step adds its operators' fixed costs (compare "
-                                 f"section 6.2's 4-layer model)")
+                                 f"section 6.2's 4-layer model)", name="predicted_ms")

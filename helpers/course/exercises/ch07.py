@@ -1,10 +1,10 @@
 """Chapter 07's exercise checks (worked solutions: notebooks/solutions/07_where_the_time_goes_solutions.ipynb)."""
 from __future__ import annotations
 
-from . import exercise
+from . import FROM_NOTEBOOK, exercise
 
 
-def check_1(draft_calls_per_step):
+def check_1(draft_calls_per_step=FROM_NOTEBOOK):
     """The torch calls Python makes in one eager decode step of the draft model."""
     def right(answer):
         import torch
@@ -20,10 +20,10 @@ def check_1(draft_calls_per_step):
         return answer == sum(count_torch_calls(lambda: decode_one_token(draft, token, cache)).values())
 
     return exercise("07.1", draft_calls_per_step, right,
-                    hint="count_torch_calls(...) returns a Counter: add up its values")
+                    hint="count_torch_calls(...) returns a Counter: add up its values", name="draft_calls_per_step")
 
 
-def check_2(ceiling_ms):
+def check_2(ceiling_ms=FROM_NOTEBOOK):
     """The bandwidth ceiling of one bf16 decode step of the bench-150m config at position 16, at 20 GB/s."""
     def right(answer):
         import torch
@@ -35,10 +35,11 @@ def check_2(ceiling_ms):
         expected = forward_bytes(cfg, 1, n_past=16, bytes_per_weight=2, bytes_per_kv=2) / 20e9 * 1e3
         return abs(float(torch.as_tensor(answer)) - expected) <= 1e-6 * expected
 
-    return exercise("07.2", ceiling_ms, right, hint="bytes per step / bytes per second, in milliseconds")
+    return exercise("07.2", ceiling_ms, right, hint="bytes per step / bytes per second, in milliseconds",
+                    name="ceiling_ms")
 
 
-def check_3(three_floats):
+def check_3(three_floats=FROM_NOTEBOOK):
     """Three float32 numbers whose sum depends on the order of the additions."""
     def right(answer):
         import numpy as np
@@ -47,4 +48,4 @@ def check_3(three_floats):
         assert all(np.isfinite(x) for x in (a, b, c)), "use finite numbers"
         return (a + b) + c != a + (b + c)
 
-    return exercise("07.3", three_floats, right, hint="a tuple (a, b, c) of three numbers")
+    return exercise("07.3", three_floats, right, hint="a tuple (a, b, c) of three numbers", name="three_floats")

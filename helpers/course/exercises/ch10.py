@@ -6,7 +6,7 @@ import itertools
 import json
 
 from ...regex_automaton import compile_regex
-from . import exercise
+from . import FROM_NOTEBOOK, exercise
 
 __all__ = ["check_1", "check_2", "check_3"]
 
@@ -18,7 +18,7 @@ def _winner(length_penalty: float) -> str:
     return max(HYPOTHESES, key=lambda h: HYPOTHESES[h][0] / HYPOTHESES[h][1] ** length_penalty)
 
 
-def check_1(answer):
+def check_1(answer=FROM_NOTEBOOK):
     """The winning hypothesis at length_penalty 0, 1 and 2, as a tuple of three names."""
     expected = tuple(_winner(lp) for lp in (0.0, 1.0, 2.0))
 
@@ -26,10 +26,11 @@ def check_1(answer):
         assert len(a) == 3, f"expected three names (one per length penalty), got {len(a)}"
         return tuple(str(x).strip().upper() for x in a) == expected
 
-    return exercise("10.1", answer, is_right, hint="score = log-probability / length ** length_penalty; higher wins")
+    return exercise("10.1", answer, is_right, hint="score = log-probability / length ** length_penalty; higher wins",
+                    name="winners")
 
 
-def check_2(answer):
+def check_2(answer=FROM_NOTEBOOK):
     """(P(output is 'b') under constrained sampling, the true P('b' | output in {'ab', 'b'})) for the
     context-free model p(a) = 0.5, p(b) = 0.3, p(end) = 0.2."""
     p_a, p_b, p_end = 0.5, 0.3, 0.2
@@ -41,14 +42,14 @@ def check_2(answer):
         return abs(float(a[0]) - constrained) < 1e-3 and abs(float(a[1]) - true) < 1e-3
 
     return exercise("10.2", answer, is_right, hint="the masked sampler renormalises one step at a time; "
-                                                   "the true conditional weighs whole outputs")
+                                                   "the true conditional weighs whole outputs", name="masked_and_true")
 
 
 def _bool_arrays(lengths, sep=", "):
     return ["[" + sep.join(v) + "]" for n in lengths for v in itertools.product(["true", "false"], repeat=n)]
 
 
-def check_3(answer):
+def check_3(answer=FROM_NOTEBOOK):
     """A regular expression for a JSON array of one to three booleans, written like [true, false]."""
     good = _bool_arrays([1, 2, 3])
     bad = ["[]", "true", "[True]", "[null]", "[true, ]", "[true,false]", "[ true]", "[1]"] + _bool_arrays([4])
@@ -63,4 +64,5 @@ def check_3(answer):
             assert isinstance(json.loads(s), list)
         return True
 
-    return exercise("10.3", answer, is_right, hint="a group for one boolean, then (, boolean) repeated 0 to 2 times")
+    return exercise("10.3", answer, is_right, hint="a group for one boolean, then (, boolean) repeated 0 to 2 times",
+                    name="bool_array_pattern")

@@ -11,7 +11,7 @@ from ...parallel.tensor_parallel import (
     ring_allreduce_bytes_sent,
     tp_kv_cache_bytes,
 )
-from . import exercise
+from . import FROM_NOTEBOOK, exercise
 
 
 def _int(a) -> int:
@@ -19,7 +19,7 @@ def _int(a) -> int:
     return a
 
 
-def check_1(answer):
+def check_1(answer=FROM_NOTEBOOK):
     """Bytes one GPU sends per token through all layers of Llama-3-70B, bf16, ring all-reduce at TP 8."""
     payload = allreduce_bytes_per_token_per_layer(LLAMA3_70B, torch.bfloat16) * LLAMA3_70B.n_layers
     expected = ring_allreduce_bytes_sent(payload, 8)
@@ -28,17 +28,19 @@ def check_1(answer):
         assert isinstance(a, (int, float)) and not isinstance(a, bool), f"expected a number, got {type(a).__name__}"
         return math.isclose(a, expected, rel_tol=1e-9)
     return exercise("15.1", answer, right,
-                    hint="the payload is two all-reduces of d_model numbers per layer; a ring sends 2(p-1)/p of it")
+                    hint="the payload is two all-reduces of d_model numbers per layer; a ring sends 2(p-1)/p of it",
+                    name="llama70_bytes_sent_per_token")
 
 
-def check_2(answer):
+def check_2(answer=FROM_NOTEBOOK):
     """KV cache bytes per GPU, Llama-3-70B, 8,192 tokens, bf16, tensor-parallel 16."""
     expected = tp_kv_cache_bytes(LLAMA3_70B, 8192, 16, dtype=torch.bfloat16)
     return exercise("15.2", answer, lambda a: _int(a) == expected,
-                    hint="with 16 ranks and 8 key/value heads, each head lives on two ranks")
+                    hint="with 16 ranks and 8 key/value heads, each head lives on two ranks",
+                    name="kv_bytes_per_gpu_tp16")
 
 
-def check_3(answer):
+def check_3(answer=FROM_NOTEBOOK):
     """(latency_ms, tokens_per_s) of a 4-stage pipeline, 5 ms per stage, 0.1 ms per send."""
     def right(a):
         assert isinstance(a, tuple) and len(a) == 2, "expected a tuple (latency_ms, tokens_per_s)"
@@ -47,4 +49,4 @@ def check_3(answer):
                                                                                       rel_tol=1e-6)
     return exercise("15.3", answer, right,
                     hint="a token passes every stage and every boundary once; a full pipeline is as fast "
-                         "as its slowest stage")
+                         "as its slowest stage", name="pipeline_answer")
