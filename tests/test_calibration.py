@@ -31,6 +31,14 @@ def test_buffers_are_sized_by_the_cache(cal):
         assert cal.dram_bytes >= min(4 * cal.last_level_cache, 2**30) and cal.cache_bytes <= cal.last_level_cache
 
 
+def test_read_roof_picks_the_cache_for_what_fits_it(cal):
+    assert cal.read_roof(10 * cal.dram_bytes) == cal.read_bandwidth and not cal.fits_in_cache(10 * cal.dram_bytes)
+    if cal.last_level_cache:
+        assert cal.fits_in_cache(cal.cache_bytes) and cal.read_roof(cal.cache_bytes) == cal.cache_read_bandwidth
+    unknown = Calibration(**{**cal.__dict__, "last_level_cache": None})
+    assert unknown.read_roof(1) == cal.read_bandwidth  # no cache size known: main memory's roof
+
+
 def test_measured_once_per_process_and_thread_count(cal):
     t0 = time.perf_counter()
     again = calibrate("cpu")

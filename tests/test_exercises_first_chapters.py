@@ -19,7 +19,7 @@ def course_model():
 def test_prediction_within_the_band_is_right_and_says_what_to_notice(capsys):
     prediction("0.9", 2.2, lambda: 2.0, unit="bits/byte", name="guess", rel_tol=0.25, notice="notice this")
     out = capsys.readouterr().out
-    assert "Exercise 0.9: correct" in out and "notice: measured 2 bits/byte; notice this" in out
+    assert "Exercise 0.9: correct" in out and "notice: measured 2 bits/byte (0.91x your prediction); notice this" in out
 
 
 def test_prediction_outside_the_band_fails_with_the_measurement():

@@ -81,7 +81,31 @@ def test_figure_check_finds_overlapping_and_escaping_labels():
     plt.close(fig)
 
 
-def test_figure_check_counts_a_suptitle_once_and_only_drawn_tick_labels():
+def test_figure_check_counts_a_suptitle_once_and_only_drawn_ticks():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from helpers.course.figure_check import text_problems
+
+    fig, (ax1, ax2) = plt.subplots(2, 1)  # matplotlib lists a suptitle in fig.texts too
+    fig.suptitle("one title")
+    ax1.axis("off")  # its tick labels are not drawn, however tightly they would be packed
+    ax1.set_xticks([i / 100 for i in range(60)])
+    ax1.text(0.5, 0.5, "inside")
+    ax2.set_xticks([0, 1])
+    assert text_problems(fig) == []
+    plt.close(fig)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(6, 3), gridspec_kw={"wspace": 0.05})
+    ax1.plot([0, 1050], [0, 1])
+    ax1.set_xlim(0, 1050)  # matplotlib lists a '1200' tick label past the limit, but does not draw it
+    ax2.plot([0, 1], [-100, 1150])
+    assert not any("'1200'" in problem for problem in text_problems(fig))
+    plt.close(fig)
+
+
+def test_figure_check_ignores_ticks_the_locator_places_past_the_limits():
     import matplotlib
 
     matplotlib.use("Agg")

@@ -1,10 +1,11 @@
-"""The KV-allocation simulator (course/paged_kv_simulator.py): invariants, a hand-computed case, and bad input."""
+"""The KV-allocation simulator (course/paged_kv_simulator.py): invariants, hand-computed cases, the step cost,
+and bad input."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from helpers.course.paged_kv_simulator import SimulatedRequest, simulate, synthetic_requests
+from helpers.course.paged_kv_simulator import SimulatedRequest, StepCost, simulate, synthetic_requests
 
 
 @pytest.fixture(scope="module")
@@ -62,12 +63,48 @@ def test_paged_uses_memory_better_and_finishes_sooner(requests):
     assert paged.steps < contiguous.steps
 
 
-def test_preemption_restarts_a_request_and_everything_finishes():
+def test_preemption_recomputes_a_request_and_everything_finishes():
     reqs = [SimulatedRequest(8, 40, 40), SimulatedRequest(8, 40, 40), SimulatedRequest(8, 40, 40)]
     res = simulate(reqs, capacity_tokens=64, policy="paged", block_size=8)  # room for only one at full length
-    assert res.preemptions > 0
+    assert res.preemptions > 0 and res.recomputed_tokens > 0
     assert (res.allocated <= 64).all()
     assert res.stored[-1] == 48  # the last request ends with its prompt + 40 tokens
+    # every prompt is prefilled once, and every re-admission prefills its prompt and kept tokens again
+    assert res.prefilled.sum() == 3 * 8 + res.recomputed_tokens
+
+
+def test_preempted_request_keeps_its_tokens_by_hand():
+    # 2 requests, blocks of 4, 12 slots: both start with one block (prompt 3 + token 1). In step 1 the older
+    # takes the last free block for its 5th token; the newer finds none for its own 5th, so it is pre-empted
+    # giving back that token: it comes back later with its prompt and 1 kept token to recompute
+    reqs = [SimulatedRequest(3, 9, 9), SimulatedRequest(3, 9, 9)]
+    res = simulate(reqs, capacity_tokens=12, policy="paged", block_size=4)
+    assert res.preemptions == 1 and res.recomputed_tokens == 3 + 1
+    assert res.prefilled.tolist()[0] == 6 and res.prefilled.sum() == 6 + 4
+    assert res.stored.tolist()[:2] == [8, 5]  # step 1: only the older request's 5 tokens are held
+
+
+def test_step_cost_prices_bytes_and_flops():
+    req = SimulatedRequest(prompt_len=10, output_len=3, max_new_tokens=3)
+    res = simulate([req], capacity_tokens=100, policy="contiguous")
+    assert res.prefilled.tolist() == [10, 0, 0] and res.stored.tolist() == [11, 12, 13]
+    memory_bound = StepCost(weight_bytes=100.0, kv_bytes_per_token=10.0, flops_per_token=1.0, bandwidth=10.0,
+                            peak_flops=1e9)
+    assert res.seconds(memory_bound).tolist() == pytest.approx([21.0, 22.0, 23.0])  # (100 + 10 x stored) / 10
+    compute_bound = StepCost(weight_bytes=1.0, kv_bytes_per_token=1.0, flops_per_token=100.0, bandwidth=1e9,
+                             peak_flops=100.0)
+    assert res.seconds(compute_bound).tolist() == pytest.approx([11.0, 1.0, 1.0])  # (1 decoded + 10 prefilled)
+
+
+def test_paged_costs_more_per_step_but_less_in_total(requests):
+    cost = StepCost(weight_bytes=16e9, kv_bytes_per_token=131_072, flops_per_token=15e9, bandwidth=3.35e12,
+                    peak_flops=989.4e12)
+    contiguous = simulate(requests, capacity_tokens=20_000, policy="contiguous").seconds(cost)
+    paged = simulate(requests, capacity_tokens=20_000, policy="paged", block_size=16).seconds(cost)
+    assert paged.mean() > contiguous.mean()  # more requests per step: more keys and values to read
+    assert paged.sum() < contiguous.sum()
+    with pytest.raises(ValueError, match="bandwidth must be a number > 0"):
+        StepCost(1.0, 1.0, 1.0, 0.0, 1.0)
 
 
 def test_utilisation_depends_on_the_workload():

@@ -5,6 +5,7 @@ sliders."""
 import struct
 
 import ipywidgets  # noqa: F401  (a hard requirement: without it the test fails, never skips)
+import pytest
 
 from helpers import load_model  # noqa: E402
 from helpers.course.widgets import (  # noqa: E402

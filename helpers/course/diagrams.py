@@ -31,7 +31,10 @@ def kv_cache_growth(tokens: list[str], n_prompt: int, n_steps: int | None = None
     if not 1 <= n_steps <= len(tokens) - n_prompt:
         raise ValueError(f"n_steps must be between 1 and {len(tokens) - n_prompt}, got {n_steps}")
     width = n_prompt + n_steps
-    fig, axes = plt.subplots(n_steps, 1, figsize=(1.05 * width + 3.2, 1.25 * n_steps + 0.3), squeeze=False)
+    left, right = 3.2, 2.8  # room, in boxes, for the phase labels and for the query line past the last box
+    fig, axes = plt.subplots(n_steps, 1, figsize=(0.95 * (width + left + right), 1.25 * n_steps + 0.3),
+                             squeeze=False)
+    fig.subplots_adjust(left=0.01, right=0.99)
     for step, ax in enumerate(axes[:, 0]):
         filled = n_prompt + step  # cached positions after this step
         written = range(0, n_prompt) if step == 0 else range(filled - 1, filled)
@@ -55,7 +58,7 @@ def kv_cache_growth(tokens: list[str], n_prompt: int, n_steps: int | None = None
         phase = (f"prefill: {n_prompt} positions written at once" if step == 0
                  else f"decode step {step}: 1 position written")
         ax.text(-0.3, 0.45, phase, ha="right", va="center", fontsize=9)
-        ax.set_xlim(-0.2, width + 0.2)
+        ax.set_xlim(-left, width + right)
         ax.set_ylim(-0.55, 2.0)
         ax.axis("off")
     fig.suptitle("The KV cache, step by step (orange: written this step; blue: prompt; green: generated)",

@@ -19,17 +19,26 @@ class FigureTextError(ValueError):
     """A figure's labels overlap each other or leave their axes."""
 
 
+def _in_view(location, limits) -> bool:
+    """A tick is drawn only inside its axis' view limits (matplotlib still lists the labels of the ones beyond)."""
+    low, high = sorted(limits)
+    span = (high - low) * 1e-9
+    return low - span <= location <= high + span
+
+
 def _texts(fig) -> list:
     """(kind, axes or None, Text) for every visible, non-empty text the figure draws."""
-    suptitle = getattr(fig, "_suptitle", None)  # matplotlib also lists it in fig.texts: count it once
-    found = [("suptitle" if t is suptitle else "figure text", None, t) for t in fig.texts]
-    if suptitle is not None and suptitle not in fig.texts:
+    suptitle = getattr(fig, "_suptitle", None)
+    found = [("figure text", None, t) for t in fig.texts if t is not suptitle]  # matplotlib lists it there too
+    if suptitle is not None:
         found.append(("suptitle", None, suptitle))
     for ax in fig.axes:
-        for t in (ax.title, ax._left_title, ax._right_title, ax.xaxis.label, ax.yaxis.label):
-            found.append(("axis label", ax, t))
-        for t in ax.get_xticklabels() + ax.get_yticklabels():
-            found.append(("tick label", ax, t))
+        found.extend(("axis label", ax, t) for t in (ax.title, ax._left_title, ax._right_title))
+        if ax.axison:  # ax.axis("off") draws no axis labels and no ticks
+            found.extend(("axis label", ax, t) for t in (ax.xaxis.label, ax.yaxis.label))
+            x_view, y_view = ax.get_xlim(), ax.get_ylim()
+            found.extend(("tick label", ax, t) for t in ax.get_xticklabels() if _in_view(t.get_position()[0], x_view))
+            found.extend(("tick label", ax, t) for t in ax.get_yticklabels() if _in_view(t.get_position()[1], y_view))
         for t in ax.texts:  # ax.text and ax.annotate
             found.append(("text", ax, t))
         legend = ax.get_legend()

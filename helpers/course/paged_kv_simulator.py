@@ -14,21 +14,30 @@ from one pool. Two ways to hand it out:
   physical ones, so they need not be adjacent. A request wastes less than one block.
 
 Time advances in decode steps. Each step, waiting requests are admitted first come, first served
-while memory for them is free (prefill happens in the admission step and yields the first token),
+while memory for them is free (their prefill runs in the admission step and yields the first token),
 then every running request adds one token, and finished requests free their memory. When a paged
-request needs a block and none is free, the most recently admitted request is preempted: its
-blocks are freed and it waits to start again from scratch (vLLM's "recompute" preemption).
+request needs a block and none is free, the most recently admitted request is pre-empted: its blocks
+are freed, it keeps the tokens it has generated, and when it is admitted again its prompt and those
+tokens are prefilled once more (vLLM's "recompute" pre-emption).
 
     requests = synthetic_requests(300, seed=0)
     paged = simulate(requests, capacity_tokens=32_768, policy="paged", block_size=16)
     contiguous = simulate(requests, capacity_tokens=32_768, policy="contiguous")
     paged.utilisation, contiguous.utilisation, paged.steps, contiguous.steps
+    cost = StepCost(weight_bytes=16.06e9, kv_bytes_per_token=131_072, flops_per_token=15.0e9,
+                    bandwidth=3.35e12, peak_flops=989.4e12)          # Llama-3-8B bf16 on an H100's spec sheet
+    paged.seconds(cost).sum()                                        # the run in seconds, not steps
 
 Utilisation = token states stored / token slots allocated, summed over all steps.
 
-Simplifications, all in favour of contiguous allocation: the pool is treated as fungible (no
-external fragmentation: a real contiguous allocator can fail with enough free memory in pieces),
-and every step costs the same however many requests run. Out of scope: prefix sharing between
+Steps are not time: a step that runs 40 requests reads far more cached keys and values than one that runs
+10. `SimulationResult.seconds` prices each step with the roofline of one forward pass: the larger of
+(weights + every stored token's keys and values) / bandwidth and (decoded + prefilled tokens) x FLOPs per
+token / peak, so a step with many requests, and a re-admission that recomputes a long prefix, cost more.
+
+Simplifications: the pool is treated as fungible (no external fragmentation: a real contiguous allocator
+can fail with enough free memory in pieces), which favours contiguous allocation; attention's FLOPs,
+activations and kernel overheads are left out of the step cost. Out of scope: prefix sharing between
 requests (copy-on-write blocks), swapping to CPU memory, chunked prefill.
 """
 from __future__ import annotations
@@ -84,6 +93,25 @@ def synthetic_requests(n: int, seed: int = 0, mean_prompt: float = 200.0, mean_o
     return out
 
 
+@dataclass(frozen=True)
+class StepCost:
+    """What one forward pass of the served model costs on one device (spec-sheet numbers): bytes of weights
+    read every step, KV bytes per stored token, matmul FLOPs per token (2 x matmul weights), and the device's
+    memory bandwidth (bytes/s) and peak FLOP/s."""
+
+    weight_bytes: float
+    kv_bytes_per_token: float
+    flops_per_token: float
+    bandwidth: float
+    peak_flops: float
+
+    def __post_init__(self):
+        for name in ("weight_bytes", "kv_bytes_per_token", "flops_per_token", "bandwidth", "peak_flops"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+                raise ValueError(f"{name} must be a number > 0; got {value!r}")
+
+
 @dataclass
 class SimulationResult:
     policy: str
@@ -94,18 +122,30 @@ class SimulationResult:
     stored: np.ndarray = field(repr=False)  # per step: token states held by running requests
     allocated: np.ndarray = field(repr=False)  # per step: token slots handed out
     running: np.ndarray = field(repr=False)  # per step: requests running
+    prefilled: np.ndarray = field(repr=False)  # per step: tokens prefilled at admission (recomputes included)
     preemptions: int = 0
+    recomputed_tokens: int = 0  # tokens prefilled again because their request was pre-empted
 
     @property
     def mean_running(self) -> float:
         return float(self.running.mean())
 
+    def seconds(self, cost: StepCost) -> np.ndarray:
+        """Seconds of each step by the roofline: max(bytes read / bandwidth, FLOPs / peak), where a step reads
+        the weights and every stored token's keys and values, and computes one token per running request
+        plus every token it prefills."""
+        if not isinstance(cost, StepCost):
+            raise ValueError(f"cost must be a StepCost; got {type(cost).__name__}")
+        read = cost.weight_bytes + self.stored * cost.kv_bytes_per_token
+        flops = (self.running + self.prefilled) * cost.flops_per_token
+        return np.maximum(read / cost.bandwidth, flops / cost.peak_flops)
+
 
 class _Running:
     __slots__ = ("req", "generated", "slots", "alive")
 
-    def __init__(self, req: SimulatedRequest, slots: int):
-        self.req, self.generated, self.slots, self.alive = req, 0, slots, True
+    def __init__(self, req: SimulatedRequest, slots: int, generated: int = 0):
+        self.req, self.generated, self.slots, self.alive = req, generated, slots, True
 
 
 def simulate(requests: list[SimulatedRequest], capacity_tokens: int, policy: str = "paged", block_size: int = 16,
@@ -120,10 +160,10 @@ def simulate(requests: list[SimulatedRequest], capacity_tokens: int, policy: str
     b = block_size if policy == "paged" else 1
     total_slots = capacity_tokens // b * b  # paged: whole blocks only
 
-    def admission_slots(r: SimulatedRequest) -> int:
+    def admission_slots(r: SimulatedRequest, generated: int = 0) -> int:
         if policy == "contiguous":
             return min(max_seq_len, r.prompt_len + r.max_new_tokens)
-        return math.ceil((r.prompt_len + 1) / b) * b  # the prompt and the first generated token
+        return math.ceil((r.prompt_len + generated + 1) / b) * b  # what it holds, and the token it adds now
 
     for r in requests:
         largest = min(max_seq_len, r.prompt_len + r.max_new_tokens) if policy == "contiguous" else \
@@ -132,28 +172,34 @@ def simulate(requests: list[SimulatedRequest], capacity_tokens: int, policy: str
             raise ValueError(f"a request needs {largest} token slots but capacity_tokens is {capacity_tokens}")
 
     pending = deque(sorted(requests, key=lambda r: r.arrival))
-    waiting: deque[SimulatedRequest] = deque()
+    waiting: deque[tuple[SimulatedRequest, int, bool]] = deque()  # (request, tokens generated, pre-empted?)
     running: list[_Running] = []
     free = total_slots
-    stored_log, allocated_log, running_log = [], [], []
-    preemptions, t = 0, 0
+    stored_log, allocated_log, running_log, prefilled_log = [], [], [], []
+    preemptions, recomputed, t = 0, 0, 0
     while pending or waiting or running:
         while pending and pending[0].arrival <= t:
-            waiting.append(pending.popleft())
-        while waiting and admission_slots(waiting[0]) <= free:  # first come, first served
-            r = waiting.popleft()
-            running.append(_Running(r, admission_slots(r)))
+            waiting.append((pending.popleft(), 0, False))
+        prefilled = 0
+        while waiting and admission_slots(*waiting[0][:2]) <= free:  # first come, first served
+            r, done, preempted = waiting.popleft()
+            running.append(_Running(r, admission_slots(r, done), done))
             free -= running[-1].slots
+            prefilled += r.prompt_len + done  # a re-admitted request recomputes its generated tokens too
+            if preempted:
+                recomputed += r.prompt_len + done
         for s in list(running):
-            if not s.alive:  # preempted earlier in this step
+            if not s.alive:  # pre-empted earlier in this step
                 continue
             s.generated += 1
             if policy == "paged" and s.req.prompt_len + s.generated > s.slots:
-                while free < b:  # no free block: preempt the newest request (possibly s itself)
+                while free < b:  # no free block: pre-empt the newest request (possibly s itself)
                     victim = running.pop()
                     free += victim.slots
                     victim.alive = False
-                    waiting.appendleft(victim.req)
+                    # victims come after s in admission order, so only s has stepped yet: it gives back the
+                    # token it has no slot for, and keeps the ones it generated before
+                    waiting.appendleft((victim.req, victim.generated - (victim is s), True))
                     preemptions += 1
                     if victim is s:
                         break
@@ -163,13 +209,14 @@ def simulate(requests: list[SimulatedRequest], capacity_tokens: int, policy: str
         stored_log.append(sum(s.req.prompt_len + s.generated for s in running))
         allocated_log.append(total_slots - free)
         running_log.append(len(running))
+        prefilled_log.append(prefilled)
         for s in [s for s in running if s.generated == s.req.output_len]:
             running.remove(s)
             free += s.slots
         t += 1
-        if not running and waiting and admission_slots(waiting[0]) > free:
+        if not running and waiting and admission_slots(*waiting[0][:2]) > free:
             raise RuntimeError("simulation stuck: a waiting request can never be admitted")
     stored, allocated = np.array(stored_log), np.array(allocated_log)
     return SimulationResult(policy, block_size if policy == "paged" else None, capacity_tokens, t,
                             float(stored.sum() / allocated.sum()), stored, allocated, np.array(running_log),
-                            preemptions)
+                            np.array(prefilled_log), preemptions, recomputed)

@@ -3,6 +3,7 @@
     cal = calibrate()                  # a few seconds the first time; the same object on every later call
     print(cal.summary())               # one line: CPU, instruction set, threads, the ceilings
     cal.peak_flops, cal.read_bandwidth, cal.cache_read_bandwidth
+    cal.read_roof(19e6)               # the read roof of a 19 MB working set: in-cache if it fits the cache
 
 What is measured, each the median of several timed calls (measure/timing.py) after a warm-up:
 - peak matmul FLOP/s: a large square matmul (roofline.measure_matmul_flops);
@@ -69,6 +70,15 @@ class Calibration:
                 f"{self.peak_flops / 1e9:.0f} GFLOP/s; read {self.read_bandwidth / gb:.1f} GB/s "
                 f"({self.dram_bytes // MiB} MiB{all_threads}), copy {self.copy_bandwidth / gb:.1f} GB/s; in-cache read "
                 f"{self.cache_read_bandwidth / gb:.1f} GB/s ({self.cache_bytes // MiB} MiB of {llc} last-level cache)")
+
+    def fits_in_cache(self, working_set_bytes: float) -> bool:
+        """Whether `working_set_bytes` fit the last-level cache the OS reports (False where it reports none)."""
+        return bool(self.last_level_cache) and working_set_bytes <= self.last_level_cache
+
+    def read_roof(self, working_set_bytes: float) -> float:
+        """The read bandwidth that bounds streaming `working_set_bytes` over and over (a decode step's weights):
+        the in-cache roof where they fit the last-level cache, main memory's read-only roof where they do not."""
+        return self.cache_read_bandwidth if self.fits_in_cache(working_set_bytes) else self.read_bandwidth
 
 
 def cpu_name() -> str:

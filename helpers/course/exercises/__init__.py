@@ -101,34 +101,40 @@ def exercise(label: str, answer: Any, is_right: Callable[[Any], Any], hint: str 
 
 def prediction(label: str, predicted: Any, measure: Callable[[], float], *, unit: str = "",
                name: str | tuple[str, ...] = "", rel_tol: float | None = None, ratio: float | None = None,
-               distance: float | None = None, hint: str = "", notice: str | Callable[[float], str] = "") -> None:
+               distance: float | None = None, within: tuple[float, float] | None = None, hint: str = "",
+               notice: str | Callable[[float], str] = "") -> None:
     """Check a prediction against a measurement. `measure()` runs only once a prediction is written (a guess
     still at `...`, or whose cell has not run, measures nothing). The guess is right within one tolerance:
-    `rel_tol` (relative: |guess / measured - 1| <= rel_tol), `ratio` (within a factor of the measurement) or
-    `distance` (absolute). Either way the learner sees the measured value: after a guess, the number is the
-    lesson. `notice(measured)`: what to see in it, after a right guess. Choose a tolerance that a reasoned
+    `rel_tol` (relative: |guess / measured - 1| <= rel_tol), `ratio` (within a factor of the measurement),
+    `within=(low, high)` (low < measured / guess < high: for a bound a measurement may exceed far more than
+    undershoot) or `distance` (absolute). Either way the learner sees the measured value: after a guess, the
+    number is the lesson. `notice(measured)`: what to see in it, after a right guess. Choose a tolerance that a reasoned
     guess meets on any machine (a measured time moves with the CPU; a bits-per-byte only in its last digits)."""
-    if sum(t is not None for t in (rel_tol, ratio, distance)) != 1:
-        raise ValueError(f"prediction {label}: give exactly one of rel_tol, ratio, distance")
+    if sum(t is not None for t in (rel_tol, ratio, distance, within)) != 1:
+        raise ValueError(f"prediction {label}: give exactly one of rel_tol, ratio, distance, within")
     unit = f" {unit.strip()}" if unit.strip() else ""
     measured: list[float] = []
 
     def is_right(guess) -> bool:
         guess = float(guess)
+        assert guess > 0 or distance is not None, f"a prediction here is a number > 0{unit}; got {guess:,.4g}"
         measured.append(float(measure()))
         value = measured[0]
         if rel_tol is not None:
             close = value != 0 and abs(guess / value - 1) <= rel_tol
         elif ratio is not None:
             close = guess > 0 and value / ratio <= guess <= value * ratio
+        elif within is not None:
+            close = guess > 0 and within[0] < value / guess < within[1]
         else:
             close = abs(guess - value) <= distance
         off = f", {guess / value - 1:+.0%} off" if value else ""
         assert close, f"you predicted {guess:,.4g}{unit}; this run measured {value:,.4g}{unit}{off}"
         return True
 
-    def what_to_notice(_guess) -> str:
+    def what_to_notice(guess) -> str:
         said = notice(measured[0]) if callable(notice) else notice
-        return f"measured {measured[0]:,.4g}{unit}" + (f"; {said}" if said else "")
+        times = f" ({measured[0] / float(guess):.2f}x your prediction)" if float(guess) else ""
+        return f"measured {measured[0]:,.4g}{unit}{times}" + (f"; {said}" if said else "")
 
     exercise(label, predicted, is_right, hint=hint, name=name, notice=what_to_notice)
