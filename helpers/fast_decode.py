@@ -23,8 +23,8 @@ since compiled kernels add in a different order. If compilation is impossible (n
 unsupported platform) it warns once and runs the same static step eagerly.
 
 Compiling is slow once: the generated code is cached on disk (TORCHINDUCTOR_CACHE_DIR; in this repo
-.cache/inductor/<instruction set>, see inductor_cache_dir), and a later process with the same model
-shapes loads it in a few seconds. `warmup()` says which happened (`compile_source`), and the seconds a
+.cache/inductor/<instruction set>, set when the first generator is built: compiling.use_course_compile_cache;
+importing this module does nothing), and a later process with the same model shapes loads it in seconds. `warmup()` says which happened (`compile_source`), and the seconds a
 cold compile took are kept in a small record beside the cache (`cold_compile_seconds`), so a run from
 the cache can still report them.
 
@@ -75,59 +75,40 @@ made the step 0.87x.
 Speculative rounds on two such generators are frozen and autotuned too (speculative.FusedRounds).
 
 `forward(tokens, input_pos)` runs T > 1 tokens through the same static path (speculative decoding's
-verify pass and its draft's catch-up step, speculative.py): compiled for each T named in
+verify pass and its draft's catch-up step, speculative/): compiled for each T named in
 `warmup(token_counts=...)`, one graph per T; any other T runs the static path eagerly, so a call never
 compiles in the middle of a generation.
 
-Out of scope: batching requests of different lengths; the speculative loop itself (speculative.py).
+The compile plumbing (cache folder, options, warm-up, cold-compile record, guard skipping) is compiling.py.
+Out of scope: batching requests of different lengths; the speculative loop itself (speculative/).
 """
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
-import time
 import warnings
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .device import synchronize
+from .compiling import (  # noqa: F401 (re-exported: chapters, tests and scripts import them from here)
+    compile_options,
+    guards_checked_once,
+    inductor_cache_counts,
+    inductor_cache_dir,
+    read_cold_compiles,
+    remember_cold_compile,
+    use_course_compile_cache,
+    warm_compiled,
+)
 from .generate import generate as generate_loop
 from .generate import prepare_generation
 from .kv_cache import KVCache
 from .model import Attention
-from .paths import INDUCTOR_CACHE
 from .sampling import SamplingConfig
 from .stopping import stop_checker
-
-
-def inductor_cache_dir() -> str:
-    """Where the course keeps inductor's generated code: .cache/inductor/<ATen's CPU capability>, one folder
-    per instruction set ("avx512", "avx2", "default"; set ATEN_CPU_CAPABILITY to choose another).
-
-    One folder per instruction set, because torch 2.13 reused cached code across them: with one shared
-    folder, filled under AVX-512 and then read under ATEN_CPU_CAPABILITY=avx2, the course model's compiled
-    step returned NaN logits, and under ATEN_CPU_CAPABILITY=default its C++ failed to build ("'at::vec' has
-    not been declared"); with a fresh folder each setting compiled and gave generate's tokens. The same
-    would happen to a folder shared by machines with different CPUs (a network home directory, a CI cache).
-    The tests and scripts/run_notebooks.py use this folder too; TORCHINDUCTOR_CACHE_DIR, when set, wins."""
-    return str(INDUCTOR_CACHE / torch.backends.cpu.get_cpu_capability().lower())
-
-
-# torch._dynamo fixes the cache folder when it is first imported (the system temp folder, unless the variable
-# is set): point it at the course's folder first (TORCHINDUCTOR_CACHE_DIR, when set, wins)
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", inductor_cache_dir())
-
-# dynamo keeps at most `recompile_limit` graphs per code object, and every FastGenerator compiles the same
-# methods (_static_step, _static_forward): each model, buffer size and token count is one more graph of that
-# code. The default (8) is reached by one process that builds a dozen generators (the bench does: compile
-# levers, speculative draft and target, quantized models), after which compiling fails with
-# FailOnRecompileLimitHit and the generator falls back to eager. Each graph is still guarded by its own
-# generator's tensors, so a larger limit only lets more generators coexist.
-torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 
 
 def compile_available() -> bool:
@@ -136,92 +117,6 @@ def compile_available() -> bool:
 
     return shutil.which(os.environ.get("CXX", "g++")) is not None or shutil.which("c++") is not None
 
-
-def _cold_compile_record() -> str:
-    folder = os.environ.get("TORCHINDUCTOR_CACHE_DIR", inductor_cache_dir())
-    return os.path.join(folder, "fast_decode_cold_compiles.json")
-
-
-def _read_cold_compiles() -> dict:
-    try:
-        with open(_cold_compile_record()) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {}
-
-
-def _inductor_cache_counts() -> tuple[int, int]:
-    from torch._dynamo.utils import counters
-
-    return counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
-
-
-def _remember_cold_compile(key: str, seconds: float) -> None:
-    """Note in the record beside the cache that the graph with this key took `seconds` to compile cold."""
-    record = _read_cold_compiles()
-    record[key] = round(seconds, 1)
-    try:
-        os.makedirs(os.path.dirname(_cold_compile_record()), exist_ok=True)
-        with open(_cold_compile_record(), "w") as f:
-            json.dump(record, f, indent=1)
-    except OSError:
-        pass  # a read-only cache folder: nothing to remember, nothing lost
-
-
-def compile_options(mode: str | None, *, cpp_wrapper: bool, freeze: bool, gemm_autotune: bool = False) -> dict:
-    """torch.compile's keyword arguments for a static decode graph (one fixed shape, the whole graph).
-
-    gemm_autotune (with freeze): prepack the frozen weights and let inductor time its own generated C++
-    matmul (its CPU GEMM template) against the library's call for each product, keeping the faster (see
-    the module docstring for what it buys and costs)."""
-    options = {}
-    if cpp_wrapper:
-        options["cpp_wrapper"] = True
-    if freeze:  # constants, not inputs; without the autotuned template, prepacking alone was slower
-        options.update({"freezing": True, "cpp.weight_prepack": gemm_autotune})
-        if gemm_autotune:  # quietly: no table of timings per product on stderr
-            options.update({"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
-                            "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False})
-    if mode is not None and options:  # torch.compile takes a mode or options, not both: spell the mode out
-        options = {**torch._inductor.list_mode_options(mode), **options}
-    return dict(mode=None if options else mode, fullgraph=True, dynamic=False, options=options or None)
-
-
-def warm_compiled(fn, args, caches, slots: int, freeze: bool) -> tuple[Exception | None, float, bool]:
-    """Call a compiled fn(*args) twice, so that it compiles (CUDA graphs record on a later call than the
-    first), keeping the first `slots` positions of each KVCache in `caches` as they were (the call writes
-    them). Returns (the error if it failed, else None; seconds; whether inductor's cache missed: cold)."""
-    saved = [(c.k[:, :, :, :slots].clone(), c.v[:, :, :, :slots].clone()) for c in caches]
-    _, misses = _inductor_cache_counts()
-    t0 = time.perf_counter()
-    error = None
-    # dynamo reads inductor's freezing flag itself while tracing (it then treats the weights as
-    # constants, not inputs), so the flag must be set around the calls that trace, not only in options
-    freezing = torch._inductor.config.patch(freezing=True) if freeze else contextlib.nullcontext()
-    try:
-        with freezing, warnings.catch_warnings():
-            # inductor's autotuner reads a weight through the deprecated TypedStorage: not the caller's concern
-            warnings.filterwarnings("ignore", message="TypedStorage is deprecated")
-            for _ in range(2):
-                fn(*args)
-        synchronize(caches[0].k.device)
-    except Exception as e:  # noqa: BLE001 - any compiler failure means: run eagerly
-        error = e
-    seconds = time.perf_counter() - t0
-    for c, (k, v) in zip(caches, saved):
-        c.k[:, :, :, :slots] = k
-        c.v[:, :, :, :slots] = v
-    return error, seconds, error is None and _inductor_cache_counts()[1] > misses
-
-
-def guards_checked_once():
-    """A context manager in which dynamo skips its guard checks (shapes, dtypes, grad mode, the weights) on
-    calls into graphs that have already had them checked once. The decode loops enter it after their first
-    step, since nothing in a loop changes what the guards test; time steps inside it to time them as the
-    loops run them (checked, the course model's 1-token step took 1.13-1.27 ms where the plain loop spent
-    0.88-0.94 ms a token: autotuned GEMM, one thread, AMD Zen 5). Where one function holds several graphs
-    (T = 1 and 2, or target and draft), torch still checks the guards that tell them apart."""
-    return torch.compiler.set_stance(skip_guard_eval_unsafe=True)
 
 
 class InputMajorLinear(nn.Module):
@@ -301,6 +196,7 @@ class FastGenerator:
                  mode: str | None = None, cpp_wrapper: bool | None = None, input_major: bool | None = None,
                  static_attention: str | None = None, freeze: bool | None = None,
                  gemm_autotune: bool = False):
+        use_course_compile_cache()  # the on-disk cache folder, set when the first generator is built
         self.model = model.eval()
         # on a CPU, multiply single rows by projections stored (in, out) (several rows, as in prefill, keep
         # nn.Linear's layout), and let the compiled step attend with explicit sums that inductor fuses: see
@@ -358,7 +254,7 @@ class FastGenerator:
     @property
     def cold_compile_seconds(self) -> float | None:
         """Seconds the cold compile of this very step took (on this machine, whenever it filled the cache)."""
-        return _read_cold_compiles().get(self.compile_key())
+        return read_cold_compiles().get(self.compile_key())
 
     @property
     def compiled_token_counts(self) -> tuple[int, ...]:
@@ -367,7 +263,7 @@ class FastGenerator:
 
     def cold_compile_seconds_for(self, tokens: int) -> float | None:
         """The same for the static forward of `tokens` tokens per call (1: the step)."""
-        return _read_cold_compiles().get(self.compile_key(tokens))
+        return read_cold_compiles().get(self.compile_key(tokens))
 
     @torch.no_grad()
     def step(self, token: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
@@ -426,7 +322,7 @@ class FastGenerator:
         self.compile_seconds += seconds
         self.compile_seconds_by_tokens[tokens] = seconds
         if error is None and cold:  # a cold compile: remember how long it took
-            _remember_cold_compile(self.compile_key(tokens), seconds)
+            remember_cold_compile(self.compile_key(tokens), seconds)
         return error
 
     @torch.no_grad()  # the same grad mode as the decode loop, or its first call would compile a second graph
@@ -436,11 +332,11 @@ class FastGenerator:
         token_counts: also compile `forward` for these numbers of tokens per call (one graph each; 1 is
         the step). Returns the seconds all warm-ups of this generator took so far."""
         if self._want_compile and not self.compiled:
-            _, misses = _inductor_cache_counts()
+            _, misses = inductor_cache_counts()
             error = self._warm(self._step, 1)
             if error is None:
                 self.compiled = True
-                cold = _inductor_cache_counts()[1] > misses
+                cold = inductor_cache_counts()[1] > misses
                 self.compile_source = "compiled cold" if cold else "compiled from the on-disk cache"
             else:
                 warnings.warn(f"torch.compile failed ({type(error).__name__}: {str(error)[:200]}); decoding eagerly",
