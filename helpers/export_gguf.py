@@ -30,6 +30,9 @@ Out of scope: other GGUF quantization types, importing GGUF files back, chat tem
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -175,9 +178,29 @@ def quantize_gguf(src, dst, file_type: str, threads: int | None = None) -> Path:
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, LLAMA_FTYPES[file_type])
     params.nthread = threads or torch.get_num_threads()
-    if llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)) != 0:
-        raise RuntimeError(f"llama.cpp failed to quantize {src} to {file_type}")
+    with native_output_silenced():  # llama.cpp logs every tensor it converts on the process's stderr
+        status = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
+    if status != 0:
+        raise RuntimeError(f"llama.cpp failed to quantize {src} to {file_type} (status {status})")
     return dst
+
+
+@contextlib.contextmanager
+def native_output_silenced():
+    """Point file descriptors 1 and 2 at /dev/null meanwhile: what C code prints goes, Python's own is kept."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 1)
+        os.dup2(null.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
 
 
 def read_gguf_tensors(path) -> dict[str, np.ndarray]:

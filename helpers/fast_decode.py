@@ -24,14 +24,14 @@ unsupported platform) it warns once and runs the same static step eagerly.
 
 Compiling is slow once: the generated code is cached on disk (TORCHINDUCTOR_CACHE_DIR; in this repo
 .cache/inductor/<instruction set>, set when the first generator is built: compiling.use_course_compile_cache;
-importing this module does nothing), and a later process with the same model shapes loads it in seconds. `warmup()` says which happened (`compile_source`), and the seconds a
-cold compile took are kept in a small record beside the cache (`cold_compile_seconds`), so a run from
-the cache can still report them.
+importing this module does nothing), and a later process with the same model shapes loads it in seconds.
+`warmup()` says which happened (`compile_source`), and the seconds a cold compile took are kept in a small
+record beside the cache (`cold_compile_seconds`), so a run from the cache can still report them.
 
 On a CPU the generator also keeps each projection's weight transposed, (in, out) and contiguous
-(`input_major_copy`): for a batch-1 step, torch's matrix-vector product over that layout ran
-1.6-2.1x faster than over nn.Linear's (out, in) layout for the course model's 25 projections with
-torch's AVX-512 and AVX2 kernels, 1.1x with SSE4.2 only (chapter 07 measures it on yours). It costs
+(`input_major_copy`): for a batch-1 step, torch's matrix-vector product over that layout ran 1.6-2.1x
+faster than over nn.Linear's for the course model's projections (AVX-512 and AVX2; 1.1x with SSE4.2
+only; chapter 07 measures it on yours). It costs
 a second copy of those weights (19 MB for the course model); `input_major=False` turns it off. For
 several rows at once (a 4-token verify pass, a batch, a prefill) the same layer multiplies by
 nn.Linear's own (out, in) weight instead, where the library's kernels are faster (InputMajorLinear):
@@ -51,36 +51,30 @@ default for float weights) compiles the weights in as constants, so a step passe
 position, the cache) instead of 55 through torch.compile's wrappers. Together about 1.17x on the course
 model's step (2.14 -> 1.76 ms, interleaved, same logits). Inductor's weight prepacking (a
 freezing pass that swaps each matmul for a packed library call) is turned off: it made the step 0.87x.
-The weights are fixed when the step compiles (the (in, out) projections are copies anyway): a later
-change to the model is not guaranteed to reach the step, so build a new generator after one.
-Quantized weights are not frozen by default (`freeze=None`): inductor folds constant expressions
-ahead of time, and for the int8 codes of quantize.py's fused_dequant kernel that folding produced
-float32 weights again (the generated loop read no int8 at all); the same holds for bf16/fp16 weights
-in an fp32 model (quantize.py's FLOAT_FORMATS), so only a model whose tensors all have its own dtype
-is frozen.
+The weights are fixed when the step compiles: build a new generator after changing the model.
+Only a model whose tensors all have its own dtype is frozen by default: inductor folds constants
+ahead of time, which turned quantize/'s int8 codes and 16-bit weights back into float32 weights.
 
 Opt-in on a CPU, `gemm_autotune=True` (frozen weights only): inductor prepacks the weights and times,
-for every product, its own generated C++ GEMM (its CPU GEMM template, micro-kernels for the machine's
-vector width) against the library's packed call, keeping the faster. On a 2-core AMD EPYC VM (Zen 5,
-AVX-512, one thread) the course model's step ran 1.77-1.94x faster (0.53-0.66 ms against 0.93-1.27 ms,
-interleaved, same greedy tokens; 1.67-1.69x in `python -m helpers.bench`'s lever row), the 149M
-random-weight model's 1.66x (21.9 against 36.4 ms), and a 4-token verify pass cost 1.17-1.31 steps
-instead of 1.78-1.85. It is not the default, for its price: the
-packed weights cannot be pickled, so inductor's graph cache is bypassed and every new process lowers
-the step again (15-20 s for the course model, about 14 s for a tiny one, instead of 2-5 s from the
-cache; only the products' timings and the C++ kernels are cached), and what it buys depends on the CPU:
-on a 2-core Intel Xeon VM (AVX-512, one thread) the course model's step was 1.01x (1.01 against 1.02 ms,
-interleaved, 25 s to lower it cold), and on an Intel Sapphire Rapids VM prepacking without the template
-made the step 0.87x.
-Speculative rounds on two such generators are frozen and autotuned too (speculative.FusedRounds).
+for every product, its own generated C++ GEMM (its CPU GEMM template) against the library's packed call,
+keeping the faster. It is often much faster (course model, one thread, AMD Zen 5 VM: 1.67-1.94x quiet;
+0.89-1.68 ms against 1.66-69 ms for the default step on the same VM heavily loaded, where the default
+step's time swung 40-fold between runs and the autotuned one's did not), but it is not the default, for
+its compile cost, which cannot be cached: the packed weights cannot be pickled, so inductor's graph
+cache is bypassed and every new process lowers the step again (course model: 15-20 s quiet, 68 s loaded,
+with the products' timings cached; 326 s cold; the default step: 176 s cold, 2-5 s cached quiet, 77-120
+s loaded), which would take every chapter and test that builds a generator past its time budget. Without
+prepacking the template is cacheable but was slower than the default step (25.5 against 16.3 ms, loaded);
+on a 2-core Intel Xeon VM it bought nothing (1.01x). Fused speculative rounds on two such generators are
+frozen and autotuned too (speculative.FusedRounds).
 
 `forward(tokens, input_pos)` runs T > 1 tokens through the same static path (speculative decoding's
 verify pass and its draft's catch-up step, speculative/): compiled for each T named in
 `warmup(token_counts=...)`, one graph per T; any other T runs the static path eagerly, so a call never
 compiles in the middle of a generation.
 
-The compile plumbing (cache folder, options, warm-up, cold-compile record, guard skipping) is compiling.py.
-Out of scope: batching requests of different lengths; the speculative loop itself (speculative/).
+Out of scope: batching requests of different lengths; the speculative loop (speculative/); the compile
+plumbing (compiling.py: cache folder, options, warm-up, cold-compile record, guard skipping).
 """
 from __future__ import annotations
 

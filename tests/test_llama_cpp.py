@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.data import validation_documents
 from helpers.bench.llama_cpp import llama_greedy, open_llama
+from helpers.data import validation_documents
 from helpers.export_gguf import quantize_gguf, write_gguf
 from helpers.generate import generate
 
@@ -16,9 +16,9 @@ llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not ins
                                 "requirements-ci.txt (it compiles llama.cpp, several minutes)")
 
 
-# measured on the shipped target (one AVX-512 machine; see the tests): q8_0 MEASURED_Q8, q4_0 MEASURED_Q4 top-1
-# agreement over 199 positions; the bounds leave room for other CPUs' kernels
-Q8_AGREEMENT, Q4_AGREEMENT = 0.95, 0.80
+# top-1 agreement with our fp32 logits over the test's 200 positions, measured on an AVX-512 machine: q8_0 99.5%,
+# q4_0 89.5%; the bounds leave room for other CPUs' kernels (llama.cpp's quantized dot products differ per ISA)
+Q8_AGREEMENT, Q4_AGREEMENT = 0.97, 0.80
 Q8_GREEDY = 16  # q8_0's first greedy tokens that must equal ours
 
 

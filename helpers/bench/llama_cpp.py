@@ -145,10 +145,11 @@ def our_logits_fn(model):
 
 
 def rows_same_weights(model, tok, label: str, n_new: int, repeats: int, progress, prefill_tokens: int = 512,
-                      quality_windows: int = 0) -> tuple[list[Row], list[str]]:
+                      quality_windows: int = 0, compile: bool = True) -> tuple[list[Row], list[str]]:
     """Every format of ours against llama.cpp's on the same weights: a decode row and a prefill row per format,
-    and (quality_windows > 0) a quality line per format for both engines. Returns (rows, lines); without
-    llama-cpp-python, no rows and one line saying why."""
+    and (quality_windows > 0) a quality line per format for both engines. Our decode is FastGenerator's
+    default step (compile=False: the same static step, eager). Returns (rows, lines); without
+    llama-cpp-python, no rows and one line saying why. A chapter cell can call it as it is."""
     missing = llama_cpp_missing()
     if missing:
         return [], [missing]
@@ -176,7 +177,8 @@ def rows_same_weights(model, tok, label: str, n_new: int, repeats: int, progress
         paths = export_formats(model, tok, tmp, name=label.replace(" ", "-"))
         for fmt, (_, kernel, file_type) in FORMATS.items():
             ours = our_variant(model, fmt)
-            fast = FastGenerator(ours, max_seq_len=len(prompt_ids) + n_new + 1)
+            S = max(40, len(prompt_ids) + n_new + 1)  # 40: the bandwidth rows' buffer, one compile for both
+            fast = FastGenerator(ours, max_seq_len=S, compile=compile)
             secs = fast.warmup()
             llm = open_llama(paths[file_type], n_ctx)
             mine = fast.generate(prompt, n_new)[0, len(prompt_ids):].tolist()

@@ -131,7 +131,8 @@ def main(argv=None):
         n_llama = 64 if quick else 128
         for label, m, windows in (("course model", model, 2 if quick else 4), (f"{args.big_preset} random", big, 0)):
             more_rows, lines = rows_same_weights(m, tok, label, n_llama if m is model else n_llama // 4,
-                                                 repeats if m is model else 3, tick, quality_windows=windows)
+                                                 repeats if m is model else 3, tick, quality_windows=windows,
+                                                 compile=not args.no_compile)
             rows += more_rows
             notes += [line for line in lines if line not in notes]
         done("llama-cpp")

@@ -1,4 +1,5 @@
-"""Rows for chapter 12: speculative decoding (draft model, prompt lookup), eager and compiled, against plain decoding."""
+"""Rows for chapter 12: speculative decoding (draft model, prompt lookup), eager and compiled, against plain
+decoding."""
 from __future__ import annotations
 
 from functools import partial

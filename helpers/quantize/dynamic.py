@@ -9,6 +9,7 @@ import warnings
 
 import torch
 
+
 def prepack_dynamic(q: torch.Tensor, scales: torch.Tensor):
     """(N, K) int8 codes and (N,) per-row scales -> fbgemm's packed weight for torch.ops.quantized.linear_dynamic
     (CPU only). It packs whatever codes it is given: QuantizedLinear(kernel="dynamic") gives it codes of

@@ -85,6 +85,7 @@ from .arithmetic import (
 )
 from .dynamic import dynamic_weight_bits, prepack_dynamic
 
+
 class _KnownFallback(logging.Filter):
     """Drops inductor's warning that aten.detach_copy (see _materialize) has no C shim: with the C++ wrapper
     it is called through the proxy executor instead, as intended, and a cold compile would otherwise print

@@ -17,6 +17,7 @@ from ..sampling import SamplingConfig, apply_temperature, sample_from_uniform
 from .loop import DEFAULT_COMPILED_GAMMA
 from .rule import acceptance, check_gamma, check_sampling, greedy_accept
 
+
 class FusedRounds:
     """A whole round on two compiled FastGenerators as ONE compiled graph: the draft's gamma proposals (each
     drawn inside the graph and fed straight into the next draft step), the target's verify pass over

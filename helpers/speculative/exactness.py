@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+
 def total_variation(p: torch.Tensor, q: torch.Tensor) -> float:
     """Half the L1 distance between two distributions over the same outcomes: the largest difference in
     probability they give to any set of outcomes."""

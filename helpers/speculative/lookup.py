@@ -9,9 +9,18 @@ from __future__ import annotations
 import torch
 
 from ..sampling import SamplingConfig
-from .loop import DEFAULT_LOOKUP_GAMMA, DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, EagerSteps, IdBuffer, check_common, \
-    finish, verify_round
+from .loop import (
+    DEFAULT_LOOKUP_GAMMA,
+    DEFAULT_MAX_NGRAM,
+    DEFAULT_MIN_NGRAM,
+    EagerSteps,
+    IdBuffer,
+    check_common,
+    finish,
+    verify_round,
+)
 from .rule import SpeculativeStats
+
 
 class NgramIndex:
     """For each n-gram of the sequence so far, where its most recent occurrence ended, so that the
