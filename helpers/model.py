@@ -321,7 +321,7 @@ class Transformer(nn.Module):
             layer_cache = cache.layer(i) if cache is not None else None
             x = layer(x, cos, sin, layer_cache, start_pos, attn_window, causal)
         if cache is not None:
-            cache.length = start_pos + T
+            cache.commit(start_pos + T)  # the cache owns its length
         if last_only:
             x = x[:, -1:, :]  # (B, 1, C)
         return self.head(self.norm(x))  # (B, T, V)

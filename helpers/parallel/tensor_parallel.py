@@ -288,7 +288,7 @@ class TensorParallelTransformer(nn.Module):
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, self.comm, cache.layer(i) if cache is not None else None, start)
         if cache is not None:
-            cache.length = start + T
+            cache.commit(start + T)
         if last_only:
             x = x[:, -1:, :]
         return self.head(self.norm(x))  # (B, T, V)
