@@ -236,7 +236,20 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-class Transformer(nn.Module):
+class EmbeddedModel(nn.Module):
+    """A model whose token embedding (`self.embed`) says where it lives: its device and dtype. Shared by
+    Transformer and the tensor-parallel shard (parallel/tensor_parallel.py)."""
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype
+
+
+class Transformer(EmbeddedModel):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -257,14 +270,6 @@ class Transformer(nn.Module):
     def _init_weights(module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
-
-    @property
-    def device(self) -> torch.device:
-        return self.embed.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.embed.weight.dtype
 
     def num_parameters(self) -> int:
         """Distinct parameters (the tied embedding/head matrix counted once)."""
