@@ -34,11 +34,12 @@ def test_14_2_overhead_of_markers_as_text(capsys):
     tok = load_tokenizer()
     right = ch14.chat_overhead(tok, 40, {})
     special = ch14.chat_overhead(tok, 40, None)
-    assert right == ch14.chat_overhead(tok, 1, {}) + 39 * (ch14.chat_overhead(tok, 2, {}) - ch14.chat_overhead(tok, 1, {}))
+    per_exchange = ch14.chat_overhead(tok, 2, {}) - ch14.chat_overhead(tok, 1, {})
+    assert right == ch14.chat_overhead(tok, 1, {}) + 39 * per_exchange
     assert right > 2 * special
     ch14.check_2(right)
     assert "correct" in capsys.readouterr().out
-    for wrong in (special, right + 1, 40 * (ch14.chat_overhead(tok, 2, {}) - ch14.chat_overhead(tok, 1, {}))):
+    for wrong in (special, right + 1, 40 * per_exchange):
         with pytest.raises(ExerciseNotRight) as e:
             ch14.check_2(wrong)
         one_line(e)

@@ -15,10 +15,10 @@ Jinja's sandbox, with `messages` and `add_generation_prompt` as their variables:
 Special tokens. A template's markers (`<|im_start|>`) must become single special-token ids; `tok.encode`
 never makes them from text (it encodes "<|im_start|>" as the bytes "<", "|", "im", ...), which is what
 keeps a user from forging one. `chat_token_ids` splits the rendered text at the markers and puts in the
-ids, and refuses a message whose content contains a marker (HuggingFace's transformers instead encodes such
-a marker as plain text). The course tokenizer has exactly two special tokens, `<|bos|>` and `<|eos|>`, and the course model
-saw them only as "a file starts" and "a file ends". It has no ids for ChatML's markers, so
-CHATML_SPECIALS maps them onto those two, explicitly:
+ids, and refuses a message whose content contains a marker (HuggingFace's transformers instead encodes
+such a marker as plain text). The course tokenizer has exactly two special tokens, `<|bos|>` and
+`<|eos|>`, and the course model saw them only as "a file starts" and "a file ends". It has no ids for
+ChatML's markers, so CHATML_SPECIALS maps them onto those two, explicitly:
 
     <|im_start|> -> <|bos|>   (a new text begins: here, a turn)
     <|im_end|>   -> <|eos|>   (the text ends: here, a turn; a reply stops at this id)
