@@ -30,8 +30,8 @@ def check_1(answer=FROM_NOTEBOOK) -> None:
             got, want = render(template, messages, gen), render(LLAMA3_TEMPLATE, messages, gen)
             if got != want:
                 where = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-                assert False, (f"for {len(messages)} message(s), add_generation_prompt={gen}, the text differs from "
-                               f"character {where}: {got[where:where + 24]!r}")
+                raise AssertionError(f"for {len(messages)} message(s), add_generation_prompt={gen}, the text "
+                                     f"differs from character {where}: {got[where:where + 24]!r}")
         return True
 
     exercise("14.1", answer, right, name="llama3_template",
