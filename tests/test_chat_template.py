@@ -7,8 +7,17 @@ import pytest
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from helpers.checkpoint import load_tokenizer
-from helpers.serving.chat_template import (CHATML_SPECIALS, CHATML_TEMPLATE, LLAMA3_TEMPLATE, PLAIN_TEMPLATE,
-                                          PYFILE_TEMPLATE, TURN_STOP, chat_token_ids, render, render_chat)
+from helpers.serving.chat_template import (
+    CHATML_SPECIALS,
+    CHATML_TEMPLATE,
+    LLAMA3_TEMPLATE,
+    PLAIN_TEMPLATE,
+    PYFILE_TEMPLATE,
+    TURN_STOP,
+    chat_token_ids,
+    render,
+    render_chat,
+)
 
 TEMPLATES = [CHATML_TEMPLATE, LLAMA3_TEMPLATE, PYFILE_TEMPLATE, PLAIN_TEMPLATE]
 CONVERSATIONS = [
