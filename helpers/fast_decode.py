@@ -390,7 +390,7 @@ class FastGenerator:
             logits = self._step(token, pos)  # (B, V)
             if copy_out:
                 logits = logits.clone()  # a CUDA-graph output is overwritten by the next replay
-            cache.length += 1
+            cache.commit(cache.length + 1)  # the step wrote one more position
             if first and self._want_compile:
                 # the first step had dynamo's guards checked (shapes, dtypes, grad mode, the weights);
                 # nothing in this loop changes any of them, so checking them again on every later step

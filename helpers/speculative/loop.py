@@ -104,7 +104,7 @@ class StaticSteps:
             # buffers, which attends over positions 0..start+T-1 only, not over the whole masked buffer
             # (the prefill of the bench's 64-token prompts: 2x faster); cache.length is its bookkeeping,
             # which the static steps ignore
-            fast.cache.length = start
+            fast.cache.commit(start)
             logits = fast.decode_model(tokens, cache=fast.cache, last_only=last_only, check=False)[0]
         self.length = start + T
         return logits[-1:] if last_only else logits
