@@ -104,12 +104,14 @@ class Quality:
 
 
 def held_out_windows(tok, n_windows: int, length: int = 512) -> list[list[int]]:
-    """n_windows windows of length + 1 ids from the validation files, spread over the stream."""
+    """n_windows windows of length + 1 ids from the validation files, spread evenly over the stream."""
     from ..data import encode_documents, validation_documents
     from ..measure.evaluate import windows
 
     ids = encode_documents(tok, validation_documents())
-    return [w.astype(np.int64).tolist() for w in windows(np.asarray(ids), length, n_windows) if len(w) == length + 1]
+    full = [w for w in windows(np.asarray(ids), length) if len(w) == length + 1]  # not the short last one
+    picks = np.linspace(0, len(full) - 1, min(n_windows, len(full))).round().astype(int)
+    return [full[i].astype(np.int64).tolist() for i in picks]
 
 
 def quality_of(logits_fn, ws: list[list[int]], byte_lengths: np.ndarray, reference: list[torch.Tensor] | None):

@@ -1,7 +1,6 @@
 """The row every group of the bench returns: a candidate timed against its baseline, interleaved."""
 from __future__ import annotations
 
-import platform
 from dataclasses import dataclass, field
 
 import torch
@@ -52,11 +51,12 @@ def random_model(preset: str, device, dtype):
 
 
 def device_description(device) -> str:
-    """The device's name as the report prints it."""
+    """The device's name as the report prints it (a CPU: its model name, as the OS reports it)."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
+    from ..measure.calibration import cpu_name
 
+    return f"{cpu_name()} CPU, {torch.get_num_threads()} threads"
 
 
 class ReadRoof:
