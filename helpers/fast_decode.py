@@ -144,7 +144,7 @@ class InputMajorLinear(nn.Module):
 
 def _float_weights(model: nn.Module) -> bool:
     """True when every parameter and buffer is in the model's own float dtype: no int8/int4 codes and no
-    16-bit weights of an fp32 model from quantize.py (freezing would fold their conversion into fp32)."""
+    16-bit weights of an fp32 model from quantize/ (freezing would fold their conversion into fp32)."""
     return all(t.dtype == model.dtype for t in [*model.parameters(), *model.buffers()])
 
 

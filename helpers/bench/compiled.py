@@ -115,7 +115,7 @@ def rows_precision(model, big, repeats: int, progress) -> list[Row]:
 
 
 def rows_precision_compiled(model, big, repeats: int, progress) -> list[Row]:
-    """16-bit weights with float32 arithmetic (quantize.py's "bf16" / "fp16", the fused_dequant loop) in the
+    """16-bit weights with float32 arithmetic (helpers.quantize's "bf16" / "fp16", the fused_dequant loop) in the
     compiled batch-1 step, against the float32 compiled step, on the course model and the memory-bound
     random-weight model. Target: faster than float32 (the bytes read per step halve)."""
     from ..fast_decode import FastGenerator

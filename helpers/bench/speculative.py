@@ -80,7 +80,7 @@ def rows_speculative(target, draft, tok, n_new: int, repeats: int, progress) -> 
 def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast, progress,
                               gamma: int | None = None, sampled_gamma: int | None = None, label: str = "",
                               fused_only: bool = False) -> list[Row]:
-    """Speculative decoding with compiled draft and verify steps (FastGenerators, speculative.py) against
+    """Speculative decoding with compiled draft and verify steps (FastGenerators, helpers.speculative) against
     plain compiled decoding (`fast`, the same generator as the target's), on rows_speculative's prompts:
     greedy and T=1, each with every round one compiled graph (the default) and with the models called one
     at a time. Plus the compiled premise (a (gamma + 1)-token verify pass against a 1-token step, for both

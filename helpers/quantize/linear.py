@@ -65,6 +65,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import arithmetic  # the functions by hand, called once each below
 from .arithmetic import (
     FLOAT_FORMATS,
     KERNEL_GROUP_SIZES,
@@ -74,14 +75,6 @@ from .arithmetic import (
     STORAGE_DTYPE,
     check_group_size,
     check_weight,
-    dequantize_absmax,
-    dequantize_groupwise,
-    pack_int4,
-    pack_int4_halves,
-    quantize_absmax,
-    quantize_groupwise,
-    unpack_int4,
-    unpack_int4_halves,
 )
 from .dynamic import dynamic_weight_bits, prepack_dynamic
 
@@ -171,8 +164,8 @@ class QuantizedLinear(nn.Module):
             return
         if method == "int8":
             self.weight_bits = dynamic_weight_bits() if self.kernel == "dynamic" else 8
-            q, scales = quantize_absmax(w, bits=self.weight_bits, per_channel=True,
-                                        scale_dtype=STORAGE_DTYPE)  # (N, K), (N, 1)
+            q, scales = arithmetic.quantize_absmax(w, bits=self.weight_bits, per_channel=True,
+                                                   scale_dtype=STORAGE_DTYPE)  # (N, K), (N, 1)
             self.register_buffer("scales", scales.reshape(N))  # (N,) bf16
             if self.kernel == "dynamic":
                 self._packed = prepack_dynamic(q, self.scales)  # fbgemm's own int8 layout (CPU only)
@@ -187,13 +180,13 @@ class QuantizedLinear(nn.Module):
             raise ValueError(f"in_features ({K}) must be a multiple of 32 for int4")
         if self.kernel == "int4pack" and self.device_type == "cuda" and N % 8:
             raise ValueError(f"out_features ({N}) must be a multiple of 8 for the CUDA int4 kernel")
-        q, scales, zeros = quantize_groupwise(w, bits=4, group_size=group_size, scale_dtype=STORAGE_DTYPE)
+        q, scales, zeros = arithmetic.quantize_groupwise(w, bits=4, group_size=group_size, scale_dtype=STORAGE_DTYPE)
         if self.kernel == "fused_dequant":
-            self.register_buffer("qweight", pack_int4_halves(q, group_size))  # (N, G, g/2) uint8
+            self.register_buffer("qweight", arithmetic.pack_int4_halves(q, group_size))  # (N, G, g/2) uint8
             self.register_buffer("scales", scales)  # (N, G) bf16
             self.register_buffer("zeros", zeros)  # (N, G) bf16
         elif self.kernel == "reference":
-            self.register_buffer("qweight", pack_int4(q))  # (N, K/2) uint8: two codes per byte
+            self.register_buffer("qweight", arithmetic.pack_int4(q))  # (N, K/2) uint8: two codes per byte
             self.register_buffer("scales", scales)  # (N, G) bf16
             self.register_buffer("zeros", zeros)  # (N, G) bf16
         else:
@@ -228,15 +221,15 @@ class QuantizedLinear(nn.Module):
                 q = self.dynamic_codes()  # (N, K) int8
             else:
                 q = self.qweight
-            return dequantize_absmax(q, self.scales.unsqueeze(1), dtype)
+            return arithmetic.dequantize_absmax(q, self.scales.unsqueeze(1), dtype)
         if self.kernel == "fused_dequant":
-            codes = unpack_int4_halves(self.qweight)  # (N, K) uint8
+            codes = arithmetic.unpack_int4_halves(self.qweight)  # (N, K) uint8
         elif self.kernel == "reference":
-            codes = unpack_int4(self.qweight)
+            codes = arithmetic.unpack_int4(self.qweight)
         else:
             raise ValueError("dequantized_weight of an int4 layer needs kernel='reference' or 'fused_dequant'; "
                              f"got kernel={self.kernel!r}")
-        return dequantize_groupwise(codes, self.scales, self.zeros, self.group_size, dtype=dtype)
+        return arithmetic.dequantize_groupwise(codes, self.scales, self.zeros, self.group_size, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type != self.device_type:
