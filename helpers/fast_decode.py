@@ -57,13 +57,12 @@ ahead of time, which turned quantize/'s int8 codes and 16-bit weights back into 
 
 Opt-in on a CPU, `gemm_autotune=True` (frozen weights only): inductor prepacks the weights and times,
 for every product, its own generated C++ GEMM (its CPU GEMM template) against the library's packed call,
-keeping the faster. It is often much faster (course model, one thread, AMD Zen 5 VM: 1.67-1.94x quiet;
+keeping the faster. It is often much faster (course model, one thread, AMD Zen 5 VM: 1.67-1.96x quiet;
 0.89-1.68 ms against 1.66-69 ms for the default step on the same VM heavily loaded, where the default
 step's time swung 40-fold between runs and the autotuned one's did not), but it is not the default, for
-its compile cost, which cannot be cached: the packed weights cannot be pickled, so inductor's graph
-cache is bypassed and every new process lowers the step again (course model: 15-20 s quiet, 68 s loaded,
-with the products' timings cached; 326 s cold; the default step: 176 s cold, 2-5 s cached quiet, 77-120
-s loaded), which would take every chapter and test that builds a generator past its time budget. Without
+its compile cost, which was not reliably cached: the packed weights could not be pickled, so inductor's
+graph cache was bypassed and a new process lowered the step again (course model: 15-20 s quiet, 68 s
+loaded, 2.1 s in one later quiet process; 326 s cold; the default step: 176 s cold, 2-5 s cached), which would take every chapter and test that builds a generator past its time budget. Without
 prepacking the template is cacheable but was slower than the default step (25.5 against 16.3 ms, loaded);
 on a 2-core Intel Xeon VM it bought nothing (1.01x). Fused speculative rounds on two such generators are
 frozen and autotuned too (speculative.FusedRounds).
