@@ -62,10 +62,10 @@ keeping the faster. It is often much faster (course model, one thread, AMD Zen 5
 step's time swung 40-fold between runs and the autotuned one's did not), but it is not the default, for
 its compile cost, which was not reliably cached: the packed weights could not be pickled, so inductor's
 graph cache was bypassed and a new process lowered the step again (course model: 15-20 s quiet, 68 s
-loaded, 2.1 s in one later quiet process; 326 s cold; the default step: 176 s cold, 2-5 s cached), which would take every chapter and test that builds a generator past its time budget. Without
-prepacking the template is cacheable but was slower than the default step (25.5 against 16.3 ms, loaded);
-on a 2-core Intel Xeon VM it bought nothing (1.01x). Fused speculative rounds on two such generators are
-frozen and autotuned too (speculative.FusedRounds).
+loaded, 2.1 s in one later quiet process; 326 s cold; the default step: 176 s cold, 2-5 s cached): too
+slow for every chapter and test that builds a generator. Without prepacking the template is cacheable but
+was slower than the default step (25.5 against 16.3 ms, loaded); on an Intel Xeon VM it bought nothing
+(1.01x). Fused speculative rounds on two such generators are frozen and autotuned too (FusedRounds).
 
 `forward(tokens, input_pos)` runs T > 1 tokens through the same static path (speculative decoding's
 verify pass and its draft's catch-up step, speculative/): compiled for each T named in
