@@ -99,6 +99,7 @@ CONFIGS = {
     "chunked prefill, budget 7": dict(max_num_batched_tokens=7, order="shuffled", stagger=1),
     "no chunking": dict(chunked_prefill=False),
     "static batching": dict(policy="static", max_num_seqs=4),
+    "gather attention (the dense-copy baseline)": dict(decode_attention="gather"),
 }
 
 

@@ -56,10 +56,8 @@ class PagedKVCache:
         """Block tables padded with block 0 to the longest: (B, n_blocks) long. A reader sees
         n_blocks * block_size key positions per request and must mask the padding out."""
         width = max(len(t) for t in block_tables)
-        table = torch.zeros(len(block_tables), width, dtype=torch.long)
-        for i, t in enumerate(block_tables):
-            table[i, :len(t)] = torch.tensor(t, dtype=torch.long)
-        return table.to(self.k.device)
+        rows = [t + [0] * (width - len(t)) for t in block_tables]  # padded as Python lists: one tensor call
+        return torch.tensor(rows, dtype=torch.long, device=self.k.device)
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store keys/values (N, Hkv, D) of N new tokens at `slots` (N,)."""
