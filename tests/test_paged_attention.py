@@ -143,3 +143,14 @@ def test_default_path_and_bad_names(model):
     model.to(torch.float32)
     with pytest.raises(ValueError, match="decode_attention"):
         Engine(model, num_blocks=8, decode_attention="flash")
+
+
+def test_step_profile_counts_no_gather_and_sums_its_parts(model_and_tok):
+    from helpers.data import validation_text
+    from helpers.serving.step_profile import paged_step_seconds, step_breakdown
+    model, tok = model_and_tok
+    t = paged_step_seconds(model, batch=4, context=40, repeats=1)
+    assert t["gather_calls"] == 0 and min(t["in_place"], t["gather"], t["dense"]) > 0
+    parts = step_breakdown(model, tok.encode(validation_text()[:20_000]), batch=3, prompt_len=20, steps=3)
+    assert set(parts) == {"schedule", "inputs", "attention", "matmuls_and_rest", "sample", "bookkeeping"}
+    assert all(v >= 0 for v in parts.values()) and parts["matmuls_and_rest"] > 0

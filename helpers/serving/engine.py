@@ -107,7 +107,7 @@ class Engine:
         self.num_steps = 0  # every step so far (the log may keep fewer)
         self.time = 0.0
         self._ids = itertools.count()
-        self.timings = dict(steps=0, schedule=0.0, forward=0.0, sample=0.0, bookkeeping=0.0)  # step_breakdown()
+        self.reset_timings()
 
     # --- the public API ---------------------------------------------------------------------------
     def submit(self, prompt, max_tokens: int, *, sampling=None, seed: int | None = None,
@@ -218,6 +218,10 @@ class Engine:
         tm["sample"] += t_sampled - t_forward
         tm["bookkeeping"] += (t_chunks - t_scheduled) + (t_end - t_sampled)
         return outputs
+
+    def reset_timings(self) -> None:
+        """Start step_breakdown()'s sums afresh (say, once the prompts are prefilled)."""
+        self.timings = dict(steps=0, schedule=0.0, forward=0.0, sample=0.0, bookkeeping=0.0)
 
     def step_breakdown(self) -> dict[str, float]:
         """Mean seconds per step so far, by part: schedule (scheduler.py), inputs (the step's index tensors),
