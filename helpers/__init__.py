@@ -35,6 +35,7 @@ Modules, one job each (chapter in brackets). At the top, the inference code a le
 Shared by all of them:
     paths.py             where every file lives: checkpoints, data, figures, the caches
     device.py            device choice, and waiting for it before a clock is read
+    processes.py         processes we start: a free port, stop by PID, a child that dies with its parent
     progress.py          progress bars whose stored notebook text is the finished bar
     bench.py             python -m helpers.bench: every speed claim as a measured ratio           [BENCHMARKS.md]
 Three wings, each a folder with its own map in its __init__.py:

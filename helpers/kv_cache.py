@@ -44,12 +44,24 @@ class LayerCache:
 
 class PositionalCache:
     """What every contiguous cache shares: `length` positions are filled (the next token goes to position
-    `length`), one view per layer for the attention to write through, truncate and reset."""
+    `length`), one view per layer for the attention to write through, commit, truncate and reset.
+
+    The cache contract (every cache the model or the engine uses keeps it): the attention writes through
+    `layer(i).update(start_pos, k, v)`; whoever ran the forward then calls `commit(end)` to say positions
+    [0, end) are filled; only the cache itself ever assigns `length`."""
     length: int
+    max_seq_len: int
     _layers: list
 
     def layer(self, i: int):
         return self._layers[i]
+
+    def commit(self, end: int) -> None:
+        """Positions [0, end) now hold keys and values (a forward wrote start_pos..end-1); any later ones
+        are forgotten. Transformer.forward calls it after every layer wrote its slice."""
+        if not 0 <= end <= self.max_seq_len:
+            raise ValueError(f"end must be in [0, {self.max_seq_len}] (max_seq_len); got {end}")
+        self.length = end
 
     def truncate(self, length: int) -> None:
         """Forget every position from `length` on (their slots are overwritten by later writes)."""

@@ -236,7 +236,20 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-class Transformer(nn.Module):
+class EmbeddedModel(nn.Module):
+    """A model whose token embedding (`self.embed`) says where it lives: its device and dtype. Shared by
+    Transformer and the tensor-parallel shard (parallel/tensor_parallel.py)."""
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype
+
+
+class Transformer(EmbeddedModel):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -257,14 +270,6 @@ class Transformer(nn.Module):
     def _init_weights(module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
-
-    @property
-    def device(self) -> torch.device:
-        return self.embed.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.embed.weight.dtype
 
     def num_parameters(self) -> int:
         """Distinct parameters (the tied embedding/head matrix counted once)."""
@@ -321,7 +326,7 @@ class Transformer(nn.Module):
             layer_cache = cache.layer(i) if cache is not None else None
             x = layer(x, cos, sin, layer_cache, start_pos, attn_window, causal)
         if cache is not None:
-            cache.length = start_pos + T
+            cache.commit(start_pos + T)  # the cache owns its length
         if last_only:
             x = x[:, -1:, :]  # (B, 1, C)
         return self.head(self.norm(x))  # (B, T, V)

@@ -77,7 +77,7 @@ class RollingLayerCache:
 class RollingKVCache:
     """Key/value slots for the last `window` positions of every layer: (L, B, Hkv, W, D) each.
 
-    Duck-types KVCache for `Transformer.forward`: `length` counts the positions seen so far (the next
+    Keeps the cache contract (kv_cache.PositionalCache): `length` counts the positions seen so far (the next
     token goes to position `length`), `max_seq_len` is the position limit (the model's context window).
     """
 
@@ -109,6 +109,13 @@ class RollingKVCache:
 
     def layer(self, i: int) -> RollingLayerCache:
         return self._layers[i]
+
+    def commit(self, end: int) -> None:
+        """Positions up to end - 1 have been seen (the slots keep the last `window` of them)."""
+        if not self.length <= end <= self.max_seq_len:
+            raise ValueError(f"a rolling cache only appends: end must be in [{self.length}, {self.max_seq_len}]; "
+                             f"got {end}")
+        self.length = end
 
     def reset(self) -> None:
         self.length = 0
@@ -198,12 +205,11 @@ class SinkKVCache:
         """Cache position of the next token: seen until the cache is full, then n_sink + window - 1."""
         return min(self.seen, self.capacity - 1)
 
-    @length.setter
-    def length(self, value: int) -> None:
-        # Transformer.forward sets length = start_pos + T after the T tokens went in
-        if value < self.length:
-            raise ValueError(f"a sink cache cannot roll back (length {self.length} -> {value}); use reset()")
-        self.seen += value - self.length
+    def commit(self, end: int) -> None:
+        """The tokens up to cache position end - 1 went in (Transformer.forward calls it after a forward)."""
+        if end < self.length:
+            raise ValueError(f"a sink cache cannot roll back (length {self.length} -> {end}); use reset()")
+        self.seen += end - self.length
 
     def layer(self, i: int) -> SinkLayerCache:
         return self._layers[i]

@@ -50,7 +50,7 @@ class Tokenizer:
             new_id = self.merges.get(pair)
             if new_id is None:
                 break
-            ids = _merge(ids, pair, new_id)
+            ids = merge_pair(ids, pair, new_id)
         if len(self._cache) < 500_000:
             self._cache[chunk] = ids
         return ids
@@ -123,7 +123,8 @@ class Tokenizer:
                 f"specials={list(self.special_tokens)})")
 
 
-def _merge(ids: list[int], pair: tuple[int, int], new_id: int) -> list[int]:
+def merge_pair(ids: list[int], pair: tuple[int, int], new_id: int) -> list[int]:
+    """ids with every non-overlapping occurrence of `pair`, left to right, replaced by new_id (one BPE merge)."""
     out, i = [], 0
     while i < len(ids):
         if i + 1 < len(ids) and ids[i] == pair[0] and ids[i + 1] == pair[1]:
@@ -190,7 +191,7 @@ def train_bpe(text: str, vocab_size: int, special_tokens=SPECIAL_TOKENS, verbose
                 pair_counts[p] -= f
                 if pair_counts[p] <= 0:
                     del pair_counts[p]
-            ids = _merge(ids, best, new_id)
+            ids = merge_pair(ids, best, new_id)
             words[w] = ids
             for p in zip(ids, ids[1:]):  # ... and add its new ones
                 pair_counts[p] += f

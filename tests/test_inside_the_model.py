@@ -32,14 +32,14 @@ def test_layer_map_draws():
 def _encode_with_merges(tok):
     import re
 
-    from helpers.tokenizer import SPLIT_PATTERN, _merge
+    from helpers.tokenizer import SPLIT_PATTERN, merge_pair
 
     def encode(text):
         out = []
         for chunk in re.findall(SPLIT_PATTERN, text):
             ids = list(chunk.encode())
             for pair, new_id in tok.merges.items():
-                ids = _merge(ids, pair, new_id)
+                ids = merge_pair(ids, pair, new_id)
             out.extend(ids)
         return out
     return encode

@@ -18,7 +18,7 @@ def _step(n_layers):
 
     def step():
         decode_one_token(model, token, cache)
-        cache.length -= 1
+        cache.truncate(cache.length - 1)
 
     return step
 

@@ -71,7 +71,7 @@ class PipelineStage(nn.Module):
             x = self.embed(x)  # (B, T, C)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache.layer(i), start)
-        cache.length = start + T
+        cache.commit(start + T)
         if self.last:
             return self.head(self.norm(x[:, -1:, :]))[:, -1, :]  # (B, V)
         return x

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from ..generate import decode_one_token, generate
 from ..kv_cache import KVCache
-from ..model import ModelConfig, RMSNorm, apply_rope, causal_mask, check_token_ids
+from ..model import EmbeddedModel, ModelConfig, RMSNorm, apply_rope, causal_mask, check_token_ids
 from .workers import worker_model
 
 # ----------------------------------------------------------------------------------------------
@@ -226,7 +226,7 @@ class ShardedBlock(nn.Module):
         return x + comm.all_reduce(self.mlp(self.mlp_norm(x)))  # all-reduce 2
 
 
-class TensorParallelTransformer(nn.Module):
+class TensorParallelTransformer(EmbeddedModel):
     """One rank's share of a course Transformer. Every rank runs the same forward on the same tokens
     and ends with the same logits (B, T, V).
 
@@ -249,14 +249,6 @@ class TensorParallelTransformer(nn.Module):
         self.load_state_dict(shard_state_dict(model, tp_size, rank))
         self.to(device=model.device, dtype=model.dtype).eval()
         self.comm = Communicator(all_reduce)
-
-    @property
-    def device(self) -> torch.device:
-        return self.embed.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.embed.weight.dtype
 
     @property
     def cache_kv_heads(self) -> int:
@@ -288,7 +280,7 @@ class TensorParallelTransformer(nn.Module):
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, self.comm, cache.layer(i) if cache is not None else None, start)
         if cache is not None:
-            cache.length = start + T
+            cache.commit(start + T)
         if last_only:
             x = x[:, -1:, :]
         return self.head(self.norm(x))  # (B, T, V)

@@ -13,7 +13,8 @@ and fails loudly:
   which would otherwise wait forever inside a collective for the dead one, are killed, and WorkerError
   names the rank, its PID, its exit code and the last lines it wrote;
 - an exception inside a task ends the group the same way, with the worker's traceback;
-- workers exit on their own when the process that started them goes away, or after `idle_timeout_s`.
+- workers exit on their own when the process that started them goes away, even mid-task
+  (`processes.die_with_parent`), or after `idle_timeout_s` without work.
 
 The workers' stdout and stderr go to a log file (a notebook would otherwise show their C++ warnings),
 quoted in error messages. The port is a free one the OS picks on 127.0.0.1; gloo talks over the
@@ -30,10 +31,13 @@ import queue
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
+
+from ..processes import die_with_parent, free_port
 
 POLL_S = 0.1
 
@@ -53,13 +57,6 @@ class WorkerError(RuntimeError):
     """A worker died, raised an exception, or the group ran past its deadline."""
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def loopback_interface() -> str | None:
     """The loopback interface's name ('lo' on Linux, 'lo0' on macOS), for gloo; None if not found."""
     try:
@@ -70,8 +67,10 @@ def loopback_interface() -> str | None:
 
 
 def _worker_main(rank, world_size, port, threads, tasks, results, log_path, parent_pid, idle_timeout_s,
-                 timeout_s):
+                 timeout_s, parent_death_signal):
     """Entry point of each worker process: silence, join the group, then run tasks until told to stop."""
+    # end with the starter even in the middle of a task (a busy worker never reaches the idle check below)
+    die_with_parent(parent_pid, use_signal=parent_death_signal)
     log = open(log_path, "w", buffering=1)
     os.dup2(log.fileno(), 1)  # C++ warnings from gloo go to the file, not to the notebook
     os.dup2(log.fileno(), 2)
@@ -150,7 +149,7 @@ class WorkerGroup:
             p = ctx.Process(target=_worker_main, daemon=True, name=f"worker-rank{rank}",
                             args=(rank, self.world_size, self.port, self.threads, self._tasks[rank],
                                   self._results, self.log_path(rank), os.getpid(), self.idle_timeout_s,
-                                  self.timeout_s))
+                                  self.timeout_s, threading.current_thread() is threading.main_thread()))
             p.start()
             self.processes.append(p)
         self._collect("start-up", self.timeout_s, expect="ready")
