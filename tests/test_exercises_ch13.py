@@ -10,7 +10,8 @@ from helpers.course.exercises import ExerciseNotRight, ch13
 def merge(a, b):
     (m_a, l_a, acc_a), (m_b, l_b, acc_b) = a, b
     m = torch.maximum(m_a, m_b)
-    return m, l_a * torch.exp(m_a - m) + l_b * torch.exp(m_b - m), acc_a * torch.exp(m_a - m) + acc_b * torch.exp(m_b - m)
+    scale_a, scale_b = torch.exp(m_a - m), torch.exp(m_b - m)
+    return m, l_a * scale_a + l_b * scale_b, acc_a * scale_a + acc_b * scale_b
 
 
 def test_worked_answers_pass(capsys):

@@ -56,7 +56,8 @@ def test_kernel_and_block_loop_equal_the_gather_path(H, Hkv, D, bs):
     lengths = [1, bs, bs + 1, 3 * bs - 1, 137]  # one key, a full block, one past it, a part-full last block
     q, k, v, tables = random_pool(H, Hkv, D, bs, lengths)
     refs = torch.stack([reference(q[i], k, v, t, n, bs) for i, (t, n) in enumerate(zip(tables, lengths))])
-    by_blocks = torch.stack([attention_by_blocks(q[i], k, v, t, n, bs) for i, (t, n) in enumerate(zip(tables, lengths))])
+    by_blocks = torch.stack([attention_by_blocks(q[i], k, v, t, n, bs)
+                             for i, (t, n) in enumerate(zip(tables, lengths))])
     assert (by_blocks - refs).abs().max() < TOL
     assert kernel_available(D, Hkv, H // Hkv, bs), "no C compiler: CI has one"
     width = max(len(t) for t in tables)
@@ -154,3 +155,22 @@ def test_step_profile_counts_no_gather_and_sums_its_parts(model_and_tok):
     parts = step_breakdown(model, tok.encode(validation_text()[:20_000]), batch=3, prompt_len=20, steps=3)
     assert set(parts) == {"schedule", "inputs", "attention", "matmuls_and_rest", "sample", "bookkeeping"}
     assert all(v >= 0 for v in parts.values()) and parts["matmuls_and_rest"] > 0
+
+
+def test_the_paged_cache_owns_each_sequences_length(model_and_tok):
+    """After every step the cache's length of each running request is what the scheduler counts as
+    computed; preempted and finished requests are forgotten (a tight pool forces preemptions)."""
+    from helpers.data import validation_text
+    model, tok = model_and_tok
+    ids = tok.encode(validation_text()[:20_000])
+    e = Engine(model, num_blocks=24, block_size=4, max_num_seqs=8)
+    for i in range(8):
+        e.submit(ids[200 * i:200 * i + 9 + 3 * i], max_tokens=16)
+    while e.has_unfinished():
+        e.step()
+        for r in e.scheduler.running:
+            assert e.cache.length(r.request_id) == r.num_computed
+        assert all(e.cache.length(r.request_id) == 0 for r in e.scheduler.waiting)
+    assert e.metrics()["preemptions"] > 0 and e.cache.lengths == {}
+    with pytest.raises(ValueError, match="end must be"):
+        e.cache.commit("x", -1)

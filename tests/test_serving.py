@@ -85,6 +85,7 @@ def run_engine(model, prompts, order=None, stagger=0, **kw):
     engine.run()
     assert engine.pool.num_free == engine.pool.num_blocks, "blocks leaked"
     assert all(c == 0 for c in engine.pool.ref_count)
+    assert engine.cache.lengths == {}, "the paged cache kept a finished sequence's length"
     return engine, [engine.get(ids[i]).output for i in range(len(prompts))], recorders
 
 
@@ -257,6 +258,7 @@ def test_static_batching_pads_to_the_longest(model_and_prompts):
     assert [len(engine.get(i).output) for i in ids] == lengths
     assert [len(engine.get(i).padded) for i in ids] == [16 - n for n in lengths]  # rows kept running
     assert engine.pool.num_free == 128
+    assert engine.cache.lengths == {}  # padded rows commit nothing: their KV is nobody's
 
 
 def test_generate_takes_processors_and_a_step(model_and_prompts):

@@ -171,7 +171,11 @@ class Engine:
     def step(self) -> list[StepOutput]:
         """Schedule, run one forward pass, sample, check stops. Returns what changed, per request."""
         t0, start = time.perf_counter(), self.time
+        preemptions = self.scheduler.num_preemptions
         scheduled = self.scheduler.schedule()
+        if self.scheduler.num_preemptions != preemptions:  # preempted requests' blocks are gone: so is their KV
+            for r in self.scheduler.waiting:
+                self.cache.release(r.request_id)
         t_scheduled = time.perf_counter()
         if not scheduled:
             if self.has_unfinished():  # a bug guard: a live scheduler always schedules someone
@@ -182,7 +186,8 @@ class Engine:
             r = s.request
             ids = r.ids(r.num_computed, r.num_computed + s.num_tokens)
             chunks.append(SequenceChunk(ids, r.num_computed, r.block_table,
-                                        r.num_computed + s.num_tokens == r.num_tokens))
+                                        r.num_computed + s.num_tokens == r.num_tokens,
+                                        None if r.finished else r.request_id))  # a padded row's KV is nobody's
         t_chunks = time.perf_counter()
         logits = forward_step(self.model, self.cache, chunks, self.decode_attention, self.timings)  # (n_sampled, V)
         t_forward = time.perf_counter()
@@ -329,6 +334,7 @@ class Engine:
 
     def _finish(self, r: Request, reason: str, abort: bool = False) -> None:
         r.finish_reason, r.finish_time = reason, self.time
+        self.cache.release(r.request_id)
         if abort or reason == "error":
             self.scheduler.abort(r)
         else:

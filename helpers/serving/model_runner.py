@@ -42,6 +42,7 @@ class SequenceChunk:
     start_pos: int  # position of the first of them = tokens already in the cache
     block_table: list[int]  # the request's blocks, covering positions 0 .. start_pos + len(token_ids) - 1
     want_logits: bool  # does this chunk end at the request's last known token (so a token is sampled)?
+    seq_id: str | None = None  # the sequence's id in the cache: forward_step commits its new length under it
 
 
 DECODE_ATTENTION = ("in_place", "gather")
@@ -150,6 +151,9 @@ def forward_step(model, cache: PagedKVCache, chunks: list[SequenceChunk],
         x = x + attn.wo(y.reshape(-1, H * D))  # (N, C)
         x = x + layer.mlp(layer.mlp_norm(x))
 
+    for c in chunks:  # every layer wrote its slots: the cache records each sequence's new length
+        if c.seq_id is not None:
+            cache.commit(c.seq_id, c.start_pos + len(c.token_ids))
     if timings is not None:
         timings["inputs"] = timings.get("inputs", 0.0) + t_inputs
         timings["attention"] = timings.get("attention", 0.0) + t_attention

@@ -1,5 +1,6 @@
-"""Chapter 13's exercise checks (batching and serving). Worked solutions: notebooks/solutions/13_batching_and_serving_solutions.ipynb.
-Each check prints one line; a wrong answer says what is off, never the value."""
+"""Chapter 13's exercise checks (batching and serving). Worked solutions are in
+notebooks/solutions/13_batching_and_serving_solutions.ipynb. Each check prints one line; a wrong answer
+says what is off, never the value."""
 from __future__ import annotations
 
 import math
@@ -56,7 +57,8 @@ def check_4(merge_partials=FROM_NOTEBOOK):
         return True
 
     return exercise("13.4", merge_partials, right, name="merge_partials",
-                    hint="the merged max is the larger of the two; each part's l and acc scale by exp(its m - that max)",
+                    hint="the merged max is the larger of the two; each part's l and acc scale by "
+                         "exp(its m - that max)",
                     notice="the merge is associative, so any number of parts, on any number of cores, combine "
                            "in any order: flash-decoding's second pass")
 
@@ -78,7 +80,8 @@ def check_5(predicted_ratio=FROM_NOTEBOOK):
             tables = pool.padded_tables([c.block_table for c in chunks])
             lengths = torch.full((batch,), context)
             q = torch.randn(batch, H, D)
-            calls.append(lambda p=pool, t=tables, n=lengths, q=q: paged_decode_attention(q, p.k[0], p.v[0], t, n, 16))
+            calls.append(lambda p=pool, t=tables, n=lengths, q=q:
+                         paged_decode_attention(q, p.k[0], p.v[0], t, n, 16))
         many_short, few_long = time_interleaved(calls, "cpu", repeats=41)
         return median(few_long) / median(many_short)
 
