@@ -117,7 +117,8 @@ def test_engine_equals_generate_alone(model_and_prompts, name):
     check_against_reference(model, prompts, refs, outputs, recorders)
     m = engine.metrics()
     if "preemption" in name:
-        assert m["preemptions"] > 0
+        assert m["preemptions"] > 0 and m["recomputed_tokens"] > 0
+        assert sum(s.preempted for s in engine.steps) == m["preemptions"]
     if "prefix" in name:
         assert sum(engine.get(str(i)).num_cached_tokens for i in range(len(prompts))) >= 3 * 16
 

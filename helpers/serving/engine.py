@@ -76,6 +76,7 @@ class StepRecord:
     context_tokens: int  # tokens of context the requests attend to, summed (shared prefixes counted per request)
     allocated_slots: int  # token slots in blocks handed out (blocks in use * block_size)
     reserved_slots: int  # what contiguous reservation of prompt + max_tokens would hold for the same requests
+    preempted: int = 0  # requests preempted (their blocks taken back) while this step was scheduled
 
 
 class Engine:
@@ -176,6 +177,7 @@ class Engine:
         if self.scheduler.num_preemptions != preemptions:  # preempted requests' blocks are gone: so is their KV
             for r in self.scheduler.waiting:
                 self.cache.release(r.request_id)
+        preempted = self.scheduler.num_preemptions - preemptions
         t_scheduled = time.perf_counter()
         if not scheduled:
             if self.has_unfinished():  # a bug guard: a live scheduler always schedules someone
@@ -198,7 +200,7 @@ class Engine:
         for s in scheduled:
             s.request.num_computed += s.num_tokens
             self.scheduler.register_full_blocks(s.request)
-        self._log_step(start, scheduled)
+        self._log_step(start, scheduled, preempted)
         outputs = []
         for r, tok in zip(sampled, tokens):
             if r.finished:  # a static batch's padded row: computed, thrown away
@@ -261,14 +263,14 @@ class Engine:
             busy_time_s=sum(s.duration for s in steps),
             kv_utilisation=sum(s.live_tokens for s in steps) / alloc if alloc else float("nan"),
             peak_running=max((s.num_running for s in steps), default=0),
-            preemptions=self.scheduler.num_preemptions,
+            preemptions=self.scheduler.num_preemptions, recomputed_tokens=self.scheduler.recomputed_tokens,
             prefix_cache_hit_rate=self.pool.hits / self.pool.queries if self.pool.queries else 0.0,
             free_blocks=self.pool.num_free, num_blocks=self.pool.num_blocks,
             finished=len(done), waiting=len(self.scheduler.waiting), running=len(self.scheduler.running),
         )
 
     # --- inside a step ----------------------------------------------------------------------------
-    def _log_step(self, start: float, scheduled) -> None:
+    def _log_step(self, start: float, scheduled, preempted: int = 0) -> None:
         running = self.scheduler.running
         self.num_steps += 1
         self.steps.append(StepRecord(
@@ -277,7 +279,7 @@ class Engine:
             live_tokens=self._filled_slots(),
             context_tokens=sum(r.num_computed for r in running),
             allocated_slots=self.pool.num_used * self.block_size,
-            reserved_slots=sum(len(r.prompt) + r.max_tokens for r in running)))
+            reserved_slots=sum(len(r.prompt) + r.max_tokens for r in running), preempted=preempted))
         if self.step_log is not None and len(self.steps) >= 2 * self.step_log:
             del self.steps[:-self.step_log]  # trimmed in batches: amortised O(1) a step
 
