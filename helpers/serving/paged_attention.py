@@ -39,6 +39,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from pathlib import Path
 
 import torch
 
@@ -91,12 +92,17 @@ def _build(head_dim: int, kv_heads: int, group: int, block_size: int) -> ctypes.
     if cc is None:
         return None
     sizes = [f"-DHEAD_DIM={head_dim}", f"-DKV_HEADS={kv_heads}", f"-DGROUP={group}", f"-DBLOCK={block_size}"]
+    folder = KERNELS
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:  # an installed package without a writable checkout: a per-user folder instead
+        folder = Path(tempfile.gettempdir()) / f"llm-course-kernels-{os.getuid() if hasattr(os, 'getuid') else 0}"
+        folder.mkdir(parents=True, exist_ok=True)
     for flags in FLAG_SETS:
         key = hashlib.sha256(source + " ".join([cc, *flags, *sizes, platform.machine(), platform.node()]).encode())
-        path = KERNELS / f"paged_decode-{head_dim}-{kv_heads}-{group}-{block_size}-{key.hexdigest()[:12]}.so"
+        path = folder / f"paged_decode-{head_dim}-{kv_heads}-{group}-{block_size}-{key.hexdigest()[:12]}.so"
         if not path.exists():
-            KERNELS.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=KERNELS) as tmp:
+            with tempfile.TemporaryDirectory(dir=folder) as tmp:
                 obj, so = os.path.join(tmp, "k.o"), os.path.join(tmp, "k.so")
                 compiled = subprocess.run([cc, *flags, *sizes, "-fPIC", "-c", SOURCE, "-o", obj], capture_output=True)
                 if compiled.returncode or subprocess.run([cc, "-shared", obj, "-o", so, "-lm"],
