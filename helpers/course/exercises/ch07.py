@@ -83,7 +83,8 @@ def check_3(ceiling_ms=FROM_NOTEBOOK):
         expected = forward_bytes(cfg, 1, n_past=16, bytes_per_weight=2, bytes_per_kv=2) / 20e9 * 1e3
         return abs(float(torch.as_tensor(answer)) - expected) <= 1e-6 * expected
 
-    return exercise("07.3", ceiling_ms, right, hint="bytes per step (forward_bytes) / bytes per second, in milliseconds",
+    return exercise("07.3", ceiling_ms, right,
+                    hint="bytes per step (forward_bytes) / bytes per second, in milliseconds",
                     name="ceiling_ms",
                     notice="a real step takes longer: the read roof is a floor, and a weight stream reaches a "
                            "fraction of it")
