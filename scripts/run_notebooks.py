@@ -48,6 +48,9 @@ def clean(nb) -> None:
     nb.nbformat, nb.nbformat_minor = 4, 4
 
 
+RUN_CALIBRATION = REPO / ".cache" / f"calibration-run-{os.getpid()}.json"  # measured by the first notebook that asks
+
+
 def run(path: Path, timeout: int = 900) -> float:
     from helpers.fast_decode import inductor_cache_dir  # one folder per instruction set (its docstring says why)
 
@@ -55,7 +58,9 @@ def run(path: Path, timeout: int = 900) -> float:
     env_overrides = {"PYTHONHASHSEED": "0", "CUDA_VISIBLE_DEVICES": "", "LLM_COURSE_DEVICE": "cpu",
                      "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir(),
                      "LLM_COURSE_FIGURES": str(COMMITTED_FIGURES),  # the committed figures, whatever the caller set
-                     "LLM_COURSE_CHECK_FIGURES": "1"}  # refuse a figure whose labels collide (course/figure_check.py)
+                     "LLM_COURSE_CHECK_FIGURES": "1",  # refuse a figure whose labels collide (course/figure_check.py)
+                     # one calibration for the whole run: each chapter prints the same ceilings (measure/calibration.py)
+                     "LLM_COURSE_CALIBRATION": str(RUN_CALIBRATION)}
     old = {k: os.environ.get(k) for k in env_overrides}
     os.environ.update(env_overrides)
     try:

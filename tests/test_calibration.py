@@ -1,5 +1,7 @@
 """helpers.measure.calibration: plausible ceilings, measured once per process. Only what holds on any machine
 (and under load) is asserted: magnitudes, the cache, and read-only bandwidth beside copy bandwidth."""
+import dataclasses
+import json
 import time
 
 import pytest
@@ -57,3 +59,24 @@ def test_machine_description():
     assert cpu_name()
     llc = last_level_cache_bytes()
     assert llc is None or llc >= 2**16
+
+
+def test_a_run_file_shares_one_calibration(cal, tmp_path, monkeypatch):
+    # scripts/run_notebooks.py points LLM_COURSE_CALIBRATION at one file: the first kernel writes it, the
+    # others read the same figures; a file from another CPU or thread count is measured over
+    from helpers.measure import calibration
+
+    shared = tmp_path / "calibration.json"
+    fake = Calibration(**{**cal.__dict__, "peak_flops": 123.0})
+    shared.write_text(json.dumps(dataclasses.asdict(fake)))
+    monkeypatch.setenv(calibration.RUN_FILE_VARIABLE, str(shared))
+    calibration._calibrate.cache_clear()
+    try:
+        assert calibrate("cpu").peak_flops == 123.0  # read, not measured
+        calibration._calibrate.cache_clear()
+        shared.write_text(json.dumps({**dataclasses.asdict(fake), "threads": fake.threads + 1}))
+        again = calibrate("cpu")
+        assert again.peak_flops != 123.0 and json.loads(shared.read_text())["threads"] == again.threads
+    finally:
+        calibration._calibrate.cache_clear()
+

@@ -21,12 +21,20 @@ cell would hold each result against different numbers (a shared machine's speed 
 process (a notebook kernel, the bench) keeps every ratio of that run on the same denominator. Keyed by
 device and thread count: calibrate() after torch.set_num_threads(n) measures again.
 
+One run, one calibration: where the variable LLM_COURSE_CALIBRATION names a JSON file (scripts/run_notebooks.py
+sets it for a regeneration run), calibrate() reads the ceilings from it when it was measured on the same CPU,
+instruction set, device and thread count, and otherwise measures them and writes the file. Every notebook of
+that run then prints, and divides by, the same figures. Without the variable nothing touches the disk (a
+learner's machine can change between runs).
+
 Left out: per-core cache levels (L1, L2), write bandwidth, latency, GPU L2 tuning, any vendor figure (the
-chapters state spec sheets themselves), and a cache on disk (a learner's machine can change between runs).
+chapters state spec sheets themselves).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 import os
 import platform
 from dataclasses import dataclass
@@ -170,6 +178,23 @@ def calibrate(device="cpu") -> Calibration:
     return _calibrate(str(torch.device(device)), torch.get_num_threads())
 
 
+RUN_FILE_VARIABLE = "LLM_COURSE_CALIBRATION"  # a JSON file one regeneration run shares (docstring above)
+
+
 @functools.lru_cache(maxsize=None)
 def _calibrate(device: str, threads: int) -> Calibration:
-    return measure_ceilings(device)
+    path = os.environ.get(RUN_FILE_VARIABLE)
+    if not path:
+        return measure_ceilings(device)
+    key = {"device": device, "cpu": cpu_name(), "isa": torch.backends.cpu.get_cpu_capability(), "threads": threads}
+    shared = Path(path)
+    try:
+        saved = json.loads(shared.read_text())
+        if all(saved.get(k) == v for k, v in key.items()):
+            return Calibration(**saved)
+    except (OSError, ValueError, TypeError):  # absent, unreadable or from another version: measure again
+        pass
+    cal = measure_ceilings(device)
+    shared.parent.mkdir(parents=True, exist_ok=True)
+    shared.write_text(json.dumps(dataclasses.asdict(cal)))
+    return cal
