@@ -50,7 +50,7 @@ def check_4(merge_partials=FROM_NOTEBOOK):
             whole = torch.softmax(q @ k.transpose(1, 2) / 4.0, dim=-1) @ v  # (Hkv, G, D)
             merged = fn(_partial(q, k[:, :cut], v[:, :cut]), _partial(q, k[:, cut:], v[:, cut:]))
             assert isinstance(merged, tuple) and len(merged) == 3, "return a tuple (m, l, acc)"
-            m, l, acc = merged
+            _, l, acc = merged
             assert torch.isfinite(acc / l).all(), "acc / l is not finite: rescale both parts to the larger max"
             assert (acc / l - whole).abs().max() < 1e-4, \
                 "acc / l differs from attention over the whole context: each part must be rescaled by exp(m_part - m)"
