@@ -48,7 +48,8 @@ def clean(nb) -> None:
     nb.nbformat, nb.nbformat_minor = 4, 4
 
 
-RUN_CALIBRATION = REPO / ".cache" / f"calibration-run-{os.getpid()}.json"  # measured by the first notebook that asks
+# measured by the first notebook that asks; set LLM_COURSE_CALIBRATION to share one file across invocations
+RUN_CALIBRATION = os.environ.get("LLM_COURSE_CALIBRATION") or REPO / ".cache" / f"calibration-run-{os.getpid()}.json"
 
 
 def run(path: Path, timeout: int = 900) -> float:
