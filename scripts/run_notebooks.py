@@ -48,7 +48,8 @@ def clean(nb) -> None:
     nb.nbformat, nb.nbformat_minor = 4, 4
 
 
-RUN_CALIBRATION = REPO / ".cache" / f"calibration-run-{os.getpid()}.json"  # measured by the first notebook that asks
+# measured by the first notebook that asks; set LLM_COURSE_CALIBRATION to share one file across invocations
+RUN_CALIBRATION = os.environ.get("LLM_COURSE_CALIBRATION") or REPO / ".cache" / f"calibration-run-{os.getpid()}.json"
 
 
 def run(path: Path, timeout: int = 900) -> float:
@@ -59,7 +60,7 @@ def run(path: Path, timeout: int = 900) -> float:
                      "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir(),
                      "LLM_COURSE_FIGURES": str(COMMITTED_FIGURES),  # the committed figures, whatever the caller set
                      "LLM_COURSE_CHECK_FIGURES": "1",  # refuse a figure whose labels collide (course/figure_check.py)
-                     # one calibration for the whole run: every chapter prints the same ceilings (measure/calibration.py)
+                     # one calibration for the whole run: each chapter prints the same ceilings (measure/calibration.py)
                      "LLM_COURSE_CALIBRATION": str(RUN_CALIBRATION)}
     old = {k: os.environ.get(k) for k in env_overrides}
     os.environ.update(env_overrides)

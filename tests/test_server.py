@@ -220,6 +220,7 @@ def test_a_full_queue_answers_429_at_once():
             t0 = time.perf_counter()
             refused = http.post(url, json={**body, "stream": False})
             assert refused.status_code == 429 and refused.json()["error"]["code"] == "queue_full"
+            assert refused.headers["retry-after"] == "1"  # when to try again
             assert time.perf_counter() - t0 < 2  # refused at once, not queued
             never = http.post(url, json={**body, "stream": False, "n": 2})  # more than the queue ever holds
             assert never.status_code == 400 and never.json()["error"]["param"] == "n"
@@ -426,3 +427,13 @@ def test_a_degenerate_request_among_streams_changes_none_of_them(server):
     assert [r.status_code for r in bad] == [200, 200]
     greedy = bad[0].json()["choices"][0]["text"]
     assert greedy == engine_alone("def f(x):", 8, 0.0, None)  # below 1e-5 the temperature is greedy
+
+
+def test_a_union_field_reports_the_limit_not_the_type():
+    # `stop` is a string or a list of at most 4: five strings are refused for their number, not their type
+    from helpers.serving.openai_api import MAX_STOP_STRINGS, APIError, CompletionRequest, parse_body
+
+    body = {"model": MODEL, "prompt": "x", "stop": ["a"] * (MAX_STOP_STRINGS + 1)}
+    with pytest.raises(APIError) as refused:
+        parse_body(json.dumps(body).encode(), CompletionRequest)
+    assert refused.value.param == "stop" and f"at most {MAX_STOP_STRINGS}" in refused.value.message

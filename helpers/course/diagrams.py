@@ -74,50 +74,58 @@ def draw_speculative_round(committed=("def", " f", "(x"), proposals=("):", "⏎"
                            n_accepted: int = 2, replacement: str = "pass"):
     """One round with len(proposals) draft tokens, of which the first `n_accepted` are accepted.
 
-    Rows, top to bottom: the draft's gamma sequential steps; the target's single pass over the last
-    committed token and every proposal (gamma + 1 output rows); the verdict per proposal; the text
-    after the round. Returns the figure."""
+    Rows, top to bottom: the draft's gamma sequential steps (an arrow from each proposal to the step that
+    reads it, drawn in the gap between two boxes, never over a token); the target's single pass over the
+    last committed token and every proposal (gamma + 1 output rows); the verdict per proposal; the text
+    after the round. Boxes are spaced so that the longest label fits inside its box. Returns the figure."""
     gamma = len(proposals)
     if not 0 <= n_accepted <= gamma:
         raise ValueError(f"n_accepted must be between 0 and len(proposals) = {gamma}, got {n_accepted}")
     n_c = len(committed)
     width = n_c + gamma + 1  # columns: committed tokens, proposals, one extra (bonus) position
-    fig, ax = plt.subplots(figsize=(10, 4.0))
-    ax.set(xlim=(-2.6, width + 2.2), ylim=(-0.3, 4.5))
+    pitch, box_w = 1.5, 1.1  # column spacing and box width, in data units: a 0.4-unit gap for the arrows
+    left, right = 3.6, 3.6  # room for the row labels, and for the note after the last row
+    fig, ax = plt.subplots(figsize=(11, 4.2))
+    ax.set(xlim=(-left, width * pitch + right), ylim=(-0.45, 4.5))
     ax.axis("off")
 
-    def box(col, row, text, kind, hatch=None):
-        ax.add_patch(Rectangle((col + 0.05, row - 0.32), 0.9, 0.64, facecolor=_COLORS[kind], edgecolor="gray",
-                               lw=0.8, hatch=hatch))
-        ax.text(col + 0.5, row, text, ha="center", va="center", family="DejaVu Sans Mono",
-                fontsize=9 if len(text) < 8 else 8, color="gray" if kind == "discarded" else "black")
+    def x0(col):  # left edge of column col's box
+        return col * pitch
 
-    labels = {4: "1. draft: γ cheap steps,\n   one token each", 3: "2. target: ONE pass\n   over γ + 1 positions",
+    def box(col, row, text, kind):
+        ax.add_patch(Rectangle((x0(col), row - 0.32), box_w, 0.64, facecolor=_COLORS[kind], edgecolor="gray",
+                               lw=0.8))
+        ax.text(x0(col) + box_w / 2, row, text, ha="center", va="center", family="DejaVu Sans Mono",
+                fontsize=9, color="dimgray" if kind == "discarded" else "black")
+
+    labels = {4: "1. draft: γ cheap steps,\n    one token each", 3: "2. target: ONE pass\n    over γ + 1 positions",
               2: "3. accept left to right", 1: "4. text after the round"}
     for row, text in labels.items():
-        ax.text(-2.5, row, text, ha="left", va="center", fontsize=9)
+        ax.text(-left + 0.1, row, text, ha="left", va="center", fontsize=9)
 
-    # row 4: the draft's sequential proposals, each feeding the next
+    # row 4: the draft's sequential proposals, each feeding the next step (arrows in the gaps only)
     for j, t in enumerate(committed):
         box(j, 4, t, "prompt")
     for i, t in enumerate(proposals):
         box(n_c + i, 4, t, "draft")
-        if i:  # each draft step feeds on the previous proposal
-            ax.add_patch(FancyArrowPatch((n_c + i - 0.2, 4), (n_c + i + 0.2, 4), arrowstyle="-|>",
-                                         mutation_scale=9, color="darkorange", lw=1.2))
+        if i:
+            ax.add_patch(FancyArrowPatch((x0(n_c + i - 1) + box_w + 0.04, 4), (x0(n_c + i) - 0.04, 4),
+                                         arrowstyle="-|>", mutation_scale=9, color="darkorange", lw=1.2,
+                                         shrinkA=0, shrinkB=0))
     # row 3: one target pass, drawn as one wide bar under the last committed token and every proposal
-    ax.add_patch(Rectangle((n_c - 1 + 0.05, 3 - 0.32), gamma + 1 - 0.1, 0.64, facecolor=_COLORS["target"],
+    bar_left, bar_right = x0(n_c - 1), x0(n_c + gamma) + box_w
+    ax.add_patch(Rectangle((bar_left, 3 - 0.32), bar_right - bar_left, 0.64, facecolor=_COLORS["target"],
                            edgecolor="gray", lw=0.8))
-    ax.text(n_c - 1 + (gamma + 1) / 2, 3, "one pass: p_target at each proposal + 1 row", ha="center",
-            va="center", fontsize=8)
+    ax.text((bar_left + bar_right) / 2, 3, "one pass: p_target at every proposal, plus one more row", ha="center",
+            va="center", fontsize=9)
     # row 2: verdicts
-    for i in range(len(proposals)):
+    for i in range(gamma):
         if i < n_accepted:
             box(n_c + i, 2, "accept", "accepted")
         elif i == n_accepted:
             box(n_c + i, 2, "reject", "rejected")
         else:
-            box(n_c + i, 2, "discard", "discarded")
+            box(n_c + i, 2, "drop", "discarded")
     if n_accepted == gamma:
         box(n_c + gamma, 2, "bonus", "target")
     # row 1: committed text
@@ -126,13 +134,15 @@ def draw_speculative_round(committed=("def", " f", "(x"), proposals=("):", "⏎"
     for i in range(n_accepted):
         box(n_c + i, 1, proposals[i], "accepted")
     box(n_c + n_accepted, 1, replacement, "target")
-    ax.text(n_c + n_accepted + 1.2, 1, f"{n_accepted + 1} new tokens for one target pass", va="center", fontsize=9)
-    ax.text(-2.5, 0, "then: roll both KV caches back to the committed length and start the next round",
+    ax.text(x0(n_c + n_accepted + 1) + 0.1, 1, f"{n_accepted + 1} new tokens\nfor one target pass", va="center",
+            fontsize=9)
+    ax.text(-left + 0.1, 0, "then: roll both KV caches back to the committed length; the next round starts there",
             ha="left", va="center", fontsize=9, style="italic")
     handles = [Rectangle((0, 0), 1, 1, facecolor=_COLORS[k], edgecolor="gray")
-               for k in ("prompt", "draft", "accepted", "rejected", "target")]
-    fig.legend(handles, ["already committed", "draft proposal", "accepted", "rejected",
-                         "from the target (residual or bonus)"], ncol=5, loc="lower center", fontsize=8)
-    ax.set_title(f"One speculative round, γ = {gamma}: the draft guesses, the target checks all guesses at once",
+               for k in ("prompt", "draft", "accepted", "rejected", "discarded", "target")]
+    fig.legend(handles, ["committed", "draft proposal", "accepted", "rejected", "dropped (after a rejection)",
+                         "from the target"], ncol=6, loc="lower center", fontsize=9, handlelength=1.2,
+               columnspacing=1.0)
+    ax.set_title(f"One speculative round, γ = {gamma}: the draft guesses, the target checks every guess at once",
                  fontsize=11)
     return fig

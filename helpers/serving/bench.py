@@ -4,12 +4,19 @@
     python -m helpers.serving.bench --quick    # smaller workloads, about a minute
 
 Rows (each a ratio measured in this run, next to the course's target):
-  continuous batching vs sequential generate, and vs static batching: 64 requests, 32 running at once,
+  paged decode step, batch 32, 512 cached tokens each, blocks scattered at random: blocks read in place
+      vs gathered into a dense copy first (target: in place <= 0.7x, i.e. speedup >= 1.43), and vs the
+      dense KVCache batched step of the same shape (target <= 1.1x, speedup >= 0.91); gather calls 0;
+  continuous batching vs sequential generate (target 10x), vs the compiled single-stream FastGenerator
+      run sequentially (target 3x), vs transformers' generate_batch where the installed transformers has
+      it (target 10x, tokens compared), and vs static batching: 64 requests, 32 running at once,
       prompts 16-128 tokens, outputs 16-256 tokens (uniform), all arriving at time 0;
   KV memory: share of allocated block slots holding live tokens; requests running at once vs how many
       contiguous max-length (max_seq_len) reservations fit in the same bytes;
   prefix caching: 32 requests sharing a 512-token prefix, Poisson arrivals: TTFT p50 without / with;
-  chunked prefill: long prompts arriving while short requests decode: p99 / p50 inter-token latency.
+  chunked prefill: long prompts arriving while short requests decode: p99 / p50 inter-token latency;
+  goodput (requests/s meeting a TTFT and a TPOT target) of continuous batching + chunked prefill against
+      sequential generate, best over rising Poisson rates (target 4x).
 
 `serving_rows(model, tok, quick)` returns the rows as dicts with helpers.bench.Row's fields, so the
 course bench can add them: `rows += [Row(**d) for d in serving_rows(model, tok, quick)]`.
@@ -20,11 +27,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 
 import torch
 
 from .engine import Engine
-from .workload import make_workload, run_engine, run_sequential
+from .step_profile import paged_step_seconds
+from .workload import RunResult, make_workload, run_engine, run_sequential
 
 
 def _row(name, baseline, candidate, ratio, baseline_abs, candidate_abs, target=None, note="", same=None, **extra):
@@ -32,21 +41,88 @@ def _row(name, baseline, candidate, ratio, baseline_abs, candidate_abs, target=N
                 candidate_abs=candidate_abs, target=target, note=note, same_output=same, extra=extra)
 
 
+def rows_paged_step(model, quick: bool) -> list[dict]:
+    t = paged_step_seconds(model, batch=32, context=512, repeats=5 if quick else 11)
+    ms = {k: f"{1e3 * t[k]:.1f} ms" for k in ("in_place", "gather", "dense")}
+    return [
+        _row("paged decode step B=32, 512 cached: in place vs gather", "gather", "in place",
+             t["gather"] / t["in_place"], ms["gather"], ms["in_place"], 1 / 0.7,
+             note=f"step {t['in_place'] / t['gather']:.2f}x the gather step (target <= 0.7x); "
+                  f"gather calls in the in-place step: {t['gather_calls']}"),
+        _row("paged decode step B=32, 512 cached: in place vs dense KVCache", "dense", "in place",
+             t["dense"] / t["in_place"], ms["dense"], ms["in_place"], 1 / 1.1,
+             note=f"step {t['in_place'] / t['dense']:.2f}x the dense step (target <= 1.1x)"),
+    ]
+
+
+def run_fast_sequential(model, workload) -> RunResult:
+    """Each request alone through one FastGenerator (compiled once, before the clock starts), in order."""
+    from ..fast_decode import FastGenerator
+    longest = max(len(w.prompt) + w.max_tokens for w in workload)
+    fast = FastGenerator(model, max_seq_len=longest)
+    fast.warmup()
+    clock, outputs, times = 0.0, [], []
+    for w in workload:  # all arrive at time 0: arrival order is submission order
+        t0 = time.perf_counter()
+        out = fast.generate(w.prompt, w.max_tokens)
+        clock += time.perf_counter() - t0
+        outputs.append(out[0, len(w.prompt):].tolist())
+        times.append([clock])  # only the finish time is kept: throughput needs no more
+    return RunResult("sequential FastGenerator", outputs, [w.arrival for w in workload], times)
+
+
+def run_hf_generate_batch(model, workload, max_running: int) -> RunResult | None:
+    """transformers' own continuous batching (the manager behind `generate_batch`) on the same model and
+    requests, greedy, each request with its own max_new_tokens; the clock starts once the manager is up
+    (its warm-up excluded). None where the installed transformers lacks it."""
+    from transformers import GenerationConfig
+
+    from ..hf import to_hf_llama
+    hf = to_hf_llama(model)
+    if not hasattr(hf, "continuous_batching_context_manager"):
+        return None
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+    config = GenerationConfig(max_new_tokens=max(w.max_tokens for w in workload), do_sample=False,
+                              eos_token_id=-1, pad_token_id=0)
+    results = {}
+    with hf.continuous_batching_context_manager(
+            generation_config=config, block=True, timeout=5,
+            continuous_batching_config=ContinuousBatchingConfig(max_requests_per_batch=max_running)) as manager:
+        t0 = time.perf_counter()
+        for i, w in enumerate(workload):
+            manager.add_request(w.prompt, request_id=f"r{i}", max_new_tokens=w.max_tokens, eos_token_id=-1)
+        while len(results) < len(workload):
+            result = manager.get_result(timeout=1)
+            if result is not None and result.is_finished():
+                results[result.request_id] = result
+            elif result is None and not manager.is_running():
+                raise RuntimeError("transformers' continuous batching stopped before finishing")
+        seconds = time.perf_counter() - t0
+    outputs = [list(results[f"r{i}"].generated_tokens) for i in range(len(workload))]
+    return RunResult("transformers generate_batch", outputs, [w.arrival for w in workload],
+                     [[seconds] for _ in workload])
+
+
 def rows_batching(model, tok, quick: bool) -> list[dict]:
     n, out_len = (24, (16, 96)) if quick else (64, (16, 256))
     wl = make_workload(tok, n, rate=None, prompt_len=(16, 128), output_len=out_len, seed=0)
     num_blocks = 512  # 8192 token slots: 8 contiguous max_seq_len reservations
     seq = run_sequential(model, wl)
+    fast = run_fast_sequential(model, wl)
     static = run_engine(Engine(model, num_blocks=num_blocks, max_num_seqs=32, policy="static"), wl, "static")
     cont_engine = Engine(model, num_blocks=num_blocks, max_num_seqs=32)
     cont = run_engine(cont_engine, wl, "continuous")
     differ = sum(a != b for a, b in zip(cont.outputs, seq.outputs))
     m = cont.engine_metrics
     contiguous_fit = num_blocks * cont_engine.block_size // model.cfg.max_seq_len
+    fast_differ = sum(a != b for a, b in zip(fast.outputs, seq.outputs))
     rows = [
         _row(f"continuous batching vs sequential generate ({n} req, 32 running)", "sequential", "continuous",
-             cont.throughput / seq.throughput, f"{seq.throughput:.0f} tok/s", f"{cont.throughput:.0f} tok/s", 6.0,
+             cont.throughput / seq.throughput, f"{seq.throughput:.0f} tok/s", f"{cont.throughput:.0f} tok/s", 10.0,
              note=f"{differ} of {n} outputs differ (batch invariance)", same=differ == 0),
+        _row("continuous batching vs sequential FastGenerator (compiled)", "FastGenerator", "continuous",
+             cont.throughput / fast.throughput, f"{fast.throughput:.0f} tok/s", f"{cont.throughput:.0f} tok/s", 3.0,
+             note=f"{fast_differ} of {n} FastGenerator outputs differ from generate", same=fast_differ == 0),
         _row("continuous vs static batching (same batch size 32)", "static", "continuous",
              cont.throughput / static.throughput, f"{static.throughput:.0f} tok/s", f"{cont.throughput:.0f} tok/s", 1.7,
              same=cont.outputs == static.outputs),
@@ -55,6 +131,13 @@ def rows_batching(model, tok, quick: bool) -> list[dict]:
         _row("requests running at once vs contiguous max-length reservation", "contiguous", "paged",
              m["peak_running"] / contiguous_fit, f"{contiguous_fit} req", f"{m['peak_running']} req", 3.0),
     ]
+    hf = run_hf_generate_batch(model, wl, 32)
+    if hf is not None:
+        hf_differ = sum(a != b for a, b in zip(hf.outputs, seq.outputs))
+        rows.append(_row("continuous batching vs transformers generate_batch", "transformers", "continuous",
+                         cont.throughput / hf.throughput, f"{hf.throughput:.0f} tok/s",
+                         f"{cont.throughput:.0f} tok/s", 10.0,
+                         note=f"{hf_differ} of {n} transformers outputs differ from generate", same=hf_differ == 0))
     return rows
 
 
@@ -94,9 +177,32 @@ def rows_chunked_prefill(model, tok, quick: bool) -> list[dict]:
     return rows
 
 
+def rows_goodput(model, tok, quick: bool) -> list[dict]:
+    """Goodput at rising Poisson load: sequential generate against continuous batching with chunked prefill.
+    Targets, stated relative to this machine's batch-1 decode step s (so they mean the same on any CPU):
+    TTFT <= 100 s, TPOT <= 5 s. The row reports the best goodput each design reaches over the rates."""
+    from ..measure.timing import decode_step_seconds
+    step = decode_step_seconds(model)
+    ttft_target, tpot_target = 100 * step, 5 * step
+    n = 16 if quick else 48
+    rates = (4.0, 16.0) if quick else (2.0, 4.0, 8.0, 16.0, 32.0)
+    best = {"sequential": 0.0, "continuous": 0.0}
+    for rate in rates:
+        wl = make_workload(tok, n, rate=rate, prompt_len=(16, 128), output_len=(16, 64), seed=5)
+        seq = run_sequential(model, wl)
+        cont = run_engine(Engine(model, num_blocks=1024, max_num_seqs=32, max_num_batched_tokens=64), wl, "cont")
+        best["sequential"] = max(best["sequential"], seq.goodput(ttft_target, tpot_target))
+        best["continuous"] = max(best["continuous"], cont.goodput(ttft_target, tpot_target))
+    return [_row(f"goodput, continuous + chunked prefill vs sequential ({n} req, Poisson)", "sequential",
+                 "continuous", best["continuous"] / max(best["sequential"], 1e-9), f"{best['sequential']:.2f} req/s",
+                 f"{best['continuous']:.2f} req/s", 4.0,
+                 note=f"TTFT <= {1e3 * ttft_target:.0f} ms, TPOT <= {1e3 * tpot_target:.1f} ms "
+                      f"(100 and 5 batch-1 steps); best over rates {', '.join(f'{r:g}' for r in rates)} req/s")]
+
+
 def serving_rows(model, tok, quick: bool = False) -> list[dict]:
-    return (rows_batching(model, tok, quick) + rows_prefix_caching(model, tok, quick)
-            + rows_chunked_prefill(model, tok, quick))
+    return (rows_paged_step(model, quick) + rows_batching(model, tok, quick) + rows_prefix_caching(model, tok, quick)
+            + rows_chunked_prefill(model, tok, quick) + rows_goodput(model, tok, quick))
 
 
 def main(argv=None):

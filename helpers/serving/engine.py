@@ -49,7 +49,7 @@ from ..sampling import check_generator, next_token
 from ..stopping import StopChecker
 from . import params
 from .block_pool import BlockPool
-from .model_runner import SequenceChunk, forward_step
+from .model_runner import DECODE_ATTENTION, SequenceChunk, default_decode_attention, forward_step
 from .paged_cache import PagedKVCache
 from .request import FINISHED, Request
 from .scheduler import Scheduler
@@ -76,18 +76,28 @@ class StepRecord:
     context_tokens: int  # tokens of context the requests attend to, summed (shared prefixes counted per request)
     allocated_slots: int  # token slots in blocks handed out (blocks in use * block_size)
     reserved_slots: int  # what contiguous reservation of prompt + max_tokens would hold for the same requests
+    preempted: int = 0  # requests preempted (their blocks taken back) while this step was scheduled
 
 
 class Engine:
     def __init__(self, model, num_blocks: int, block_size: int = 16, max_num_seqs: int = 32,
                  max_num_batched_tokens: int | None = None, enable_prefix_caching: bool = False,
-                 chunked_prefill: bool = True, policy: str = "continuous", step_log: int | None = None):
+                 chunked_prefill: bool = True, policy: str = "continuous", step_log: int | None = None,
+                 decode_attention: str | None = None):
         """policy: "continuous", or "static" (the baseline, static_scheduler.py). step_log: keep the last
-        step_log StepRecords in `steps` (None: every one). Each parameter is checked (params.py)."""
+        step_log StepRecords in `steps` (None: every one). decode_attention: "in_place" (blocks read where
+        they lie), "gather" (a dense copy first), None: the default for this model (model_runner.py). Each
+        parameter is checked (params.py)."""
         max_num_batched_tokens = params.check_engine_args(
             model, num_blocks, block_size, max_num_seqs, max_num_batched_tokens, enable_prefix_caching,
             chunked_prefill, policy, step_log)
         self.model, self.block_size, self.step_log = model, block_size, step_log
+        if decode_attention is None:
+            decode_attention = default_decode_attention(model, block_size)
+        if decode_attention not in DECODE_ATTENTION:
+            raise params.InvalidParameter("decode_attention", f"decode_attention must be one of "
+                                          f"{DECODE_ATTENTION} or None; got {decode_attention!r}")
+        self.decode_attention = decode_attention
         self.cache = PagedKVCache.for_model(model, num_blocks, block_size)
         self.pool = BlockPool(num_blocks, enable_prefix_caching)
         args = (self.pool, block_size, max_num_seqs, max_num_batched_tokens, chunked_prefill)
@@ -98,6 +108,7 @@ class Engine:
         self.num_steps = 0  # every step so far (the log may keep fewer)
         self.time = 0.0
         self._ids = itertools.count()
+        self.reset_timings()
 
     # --- the public API ---------------------------------------------------------------------------
     def submit(self, prompt, max_tokens: int, *, sampling=None, seed: int | None = None,
@@ -161,7 +172,13 @@ class Engine:
     def step(self) -> list[StepOutput]:
         """Schedule, run one forward pass, sample, check stops. Returns what changed, per request."""
         t0, start = time.perf_counter(), self.time
+        preemptions = self.scheduler.num_preemptions
         scheduled = self.scheduler.schedule()
+        if self.scheduler.num_preemptions != preemptions:  # preempted requests' blocks are gone: so is their KV
+            for r in self.scheduler.waiting:
+                self.cache.release(r.request_id)
+        preempted = self.scheduler.num_preemptions - preemptions
+        t_scheduled = time.perf_counter()
         if not scheduled:
             if self.has_unfinished():  # a bug guard: a live scheduler always schedules someone
                 raise RuntimeError("the scheduler scheduled nothing while requests remain")
@@ -169,17 +186,21 @@ class Engine:
         chunks = []
         for s in scheduled:
             r = s.request
-            ids = r.all_ids[r.num_computed:r.num_computed + s.num_tokens]
+            ids = r.ids(r.num_computed, r.num_computed + s.num_tokens)
             chunks.append(SequenceChunk(ids, r.num_computed, r.block_table,
-                                        r.num_computed + s.num_tokens == r.num_tokens))
-        logits = forward_step(self.model, self.cache, chunks)  # (n_sampled, V)
+                                        r.num_computed + s.num_tokens == r.num_tokens,
+                                        None if r.finished else r.request_id))  # a padded row's KV is nobody's
+        t_chunks = time.perf_counter()
+        logits = forward_step(self.model, self.cache, chunks, self.decode_attention, self.timings)  # (n_sampled, V)
+        t_forward = time.perf_counter()
         sampled = [s.request for s, c in zip(scheduled, chunks) if c.want_logits]
         tokens = self._sample(sampled, logits)
-        self.time += time.perf_counter() - t0  # the step's compute; its tokens appear when it ends
+        t_sampled = time.perf_counter()
+        self.time += t_sampled - t0  # the step's compute; its tokens appear when it ends
         for s in scheduled:
             s.request.num_computed += s.num_tokens
             self.scheduler.register_full_blocks(s.request)
-        self._log_step(start, scheduled)
+        self._log_step(start, scheduled, preempted)
         outputs = []
         for r, tok in zip(sampled, tokens):
             if r.finished:  # a static batch's padded row: computed, thrown away
@@ -196,7 +217,28 @@ class Engine:
             if reason is not None:
                 self._finish(r, reason)
             outputs.append(StepOutput(r.request_id, [tok], r.finished, r.finish_reason))
+        t_end = time.perf_counter()
+        tm = self.timings
+        tm["steps"] += 1
+        tm["schedule"] += t_scheduled - t0
+        tm["forward"] += t_forward - t_chunks
+        tm["sample"] += t_sampled - t_forward
+        tm["bookkeeping"] += (t_chunks - t_scheduled) + (t_end - t_sampled)
         return outputs
+
+    def reset_timings(self) -> None:
+        """Start step_breakdown()'s sums afresh (say, once the prompts are prefilled)."""
+        self.timings = dict(steps=0, schedule=0.0, forward=0.0, sample=0.0, bookkeeping=0.0)
+
+    def step_breakdown(self) -> dict[str, float]:
+        """Mean seconds per step so far, by part: schedule (scheduler.py), inputs (the step's index tensors),
+        attention (gathers included), matmuls and the rest of the forward pass, sample, bookkeeping (the
+        engine's own Python before and after the forward pass: chunks, counters, the step log, stops)."""
+        tm, n = self.timings, max(self.timings["steps"], 1)
+        rest = tm["forward"] - tm.get("inputs", 0.0) - tm.get("attention", 0.0)
+        parts = dict(schedule=tm["schedule"], inputs=tm.get("inputs", 0.0), attention=tm.get("attention", 0.0),
+                     matmuls_and_rest=rest, sample=tm["sample"], bookkeeping=tm["bookkeeping"])
+        return {k: v / n for k, v in parts.items()}
 
     def run(self) -> dict[str, list[int]]:
         """Step until every submitted request is done; returns each one's output ids."""
@@ -221,14 +263,14 @@ class Engine:
             busy_time_s=sum(s.duration for s in steps),
             kv_utilisation=sum(s.live_tokens for s in steps) / alloc if alloc else float("nan"),
             peak_running=max((s.num_running for s in steps), default=0),
-            preemptions=self.scheduler.num_preemptions,
+            preemptions=self.scheduler.num_preemptions, recomputed_tokens=self.scheduler.recomputed_tokens,
             prefix_cache_hit_rate=self.pool.hits / self.pool.queries if self.pool.queries else 0.0,
             free_blocks=self.pool.num_free, num_blocks=self.pool.num_blocks,
             finished=len(done), waiting=len(self.scheduler.waiting), running=len(self.scheduler.running),
         )
 
     # --- inside a step ----------------------------------------------------------------------------
-    def _log_step(self, start: float, scheduled) -> None:
+    def _log_step(self, start: float, scheduled, preempted: int = 0) -> None:
         running = self.scheduler.running
         self.num_steps += 1
         self.steps.append(StepRecord(
@@ -237,7 +279,7 @@ class Engine:
             live_tokens=self._filled_slots(),
             context_tokens=sum(r.num_computed for r in running),
             allocated_slots=self.pool.num_used * self.block_size,
-            reserved_slots=sum(len(r.prompt) + r.max_tokens for r in running)))
+            reserved_slots=sum(len(r.prompt) + r.max_tokens for r in running), preempted=preempted))
         if self.step_log is not None and len(self.steps) >= 2 * self.step_log:
             del self.steps[:-self.step_log]  # trimmed in batches: amortised O(1) a step
 
@@ -294,6 +336,7 @@ class Engine:
 
     def _finish(self, r: Request, reason: str, abort: bool = False) -> None:
         r.finish_reason, r.finish_time = reason, self.time
+        self.cache.release(r.request_id)
         if abort or reason == "error":
             self.scheduler.abort(r)
         else:

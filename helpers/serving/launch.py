@@ -34,6 +34,7 @@ import weakref
 
 from ..processes import ParentWatch, die_with_parent, free_port, stop_process  # noqa: F401 (re-exported)
 
+
 class ServerProcess:
     def __init__(self, port: int | None = None, startup_timeout: float = 120.0, **flags):
         """flags become command-line options: max_num_seqs=16 -> --max-num-seqs 16 (True -> a bare flag)."""

@@ -7,24 +7,31 @@ in the big matmuls: all new tokens are laid end to end,
     tokens   (N,)     request 0's chunk | request 1's token | request 2's token | ...
     x        (N, C)   one matmul per weight matrix for the whole step, whatever mix of requests
 
-and only attention, the one operation that looks at other positions, goes request by request:
-decoding requests together (their context gathered through their block tables, padded to the longest,
-with a mask), prefill chunks one at a time (a causal mask offset by the context already cached).
+and only attention, the one operation that looks at other positions, goes by request:
+
+- decoding requests together, read in place through their block tables (paged_attention.py: the C
+  kernel walks each table block by block with the online softmax; no dense copy is made). With
+  `decode_attention="gather"` they are gathered into a dense padded copy first and attended with SDPA
+  and a mask instead: the path this engine used before, kept as the baseline chapter 13 measures;
+- prefill chunks one at a time, gathered (a causal mask offset by the context already cached): a chunk
+  of T queries reads each key T times, so one copy of its context is small next to its attention.
 
 This is the model's own forward (helpers/model.py) taken apart at the attention call, with the same
 modules and weights; tests/test_serving.py checks it against `generate` token for token.
 
-Out of scope (vLLM has them): CUDA graphs for the decode batch, a fused varlen/paged attention kernel,
-tensor parallelism, LoRA adapters, and sampling on the device without a host round trip.
+Out of scope (vLLM has them): CUDA graphs for the decode batch, a varlen attention kernel for prefill
+chunks, tensor parallelism, LoRA adapters, and sampling on the device without a host round trip.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from ..model import apply_rope, causal_mask
+from .paged_attention import kernel_available, paged_decode_attention
 from .paged_cache import PagedKVCache
 
 
@@ -35,70 +42,121 @@ class SequenceChunk:
     start_pos: int  # position of the first of them = tokens already in the cache
     block_table: list[int]  # the request's blocks, covering positions 0 .. start_pos + len(token_ids) - 1
     want_logits: bool  # does this chunk end at the request's last known token (so a token is sampled)?
+    seq_id: str | None = None  # the sequence's id in the cache: forward_step commits its new length under it
+
+
+DECODE_ATTENTION = ("in_place", "gather")
+
+
+def default_decode_attention(model, block_size: int = 16) -> str:
+    """"in_place" for a float32 model on the CPU where the C kernel builds (a C compiler is present), else
+    "gather" (the kernel is CPU float32 only)."""
+    cfg = model.cfg
+    cpu32 = model.device.type == "cpu" and model.dtype == torch.float32
+    built = cpu32 and kernel_available(cfg.head_dim, cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, block_size)
+    return "in_place" if built else "gather"
 
 
 @torch.no_grad()
-def forward_step(model, cache: PagedKVCache, chunks: list[SequenceChunk]) -> torch.Tensor:
-    """Run one step. Returns logits (n_wanted, V) for the last token of each chunk with want_logits, in order."""
+def forward_step(model, cache: PagedKVCache, chunks: list[SequenceChunk],
+                 decode_attention: str | None = None, timings: dict | None = None) -> torch.Tensor:
+    """Run one step. Returns logits (n_wanted, V) for the last token of each chunk with want_logits, in order.
+
+    decode_attention: "in_place" (read the blocks where they lie), "gather" (dense copy, then SDPA), or
+    None for default_decode_attention(model). timings: a dict to which the seconds spent building the step's
+    index tensors ("inputs") and in attention, gathers included ("attention"), are added (the engine's
+    step breakdown; a clock read costs well under a microsecond)."""
+    if decode_attention is None:
+        decode_attention = default_decode_attention(model, cache.block_size)
+    if decode_attention not in DECODE_ATTENTION:
+        raise ValueError(f"decode_attention must be one of {DECODE_ATTENTION}; got {decode_attention!r}")
     device = model.device
-    ids, positions, write_slots, rows = [], [], [], []
+    bs = cache.block_size
+    t_start = time.perf_counter()
+    # the step's index tensors, built from plain ints in one torch.tensor call each (no per-request tensors)
+    ids, positions, slots, rows = [], [], [], []
     n = 0
     for c in chunks:
         T = len(c.token_ids)
         ids.extend(c.token_ids)
         positions.extend(range(c.start_pos, c.start_pos + T))
-        write_slots.append(cache.slots(c.block_table, c.start_pos, c.start_pos + T))
+        table = c.block_table
+        slots.extend(table[p // bs] * bs + p % bs for p in range(c.start_pos, c.start_pos + T))
         rows.append((n, T))
         n += T
     tokens = torch.tensor(ids, dtype=torch.long, device=device)  # (N,)
     pos = torch.tensor(positions, dtype=torch.long, device=device)  # (N,)
-    slots = torch.cat(write_slots)  # (N,)
+    slots = torch.tensor(slots, dtype=torch.long, device=device)  # (N,) where each new token's K/V goes
 
     decode = [i for i, c in enumerate(chunks) if len(c.token_ids) == 1]
     prefill = [i for i, c in enumerate(chunks) if len(c.token_ids) > 1]
+    all_decode = len(decode) == len(chunks)  # the common step: row i is request i, no reordering needed
     if decode:
         dec_rows = torch.tensor([rows[i][0] for i in decode], device=device)  # (Bd,)
-        dec_len = torch.tensor([chunks[i].start_pos + 1 for i in decode], device=device)  # (Bd,) keys to read
+        lengths = [chunks[i].start_pos + 1 for i in decode]  # keys each decoding request reads
         dec_tables = cache.padded_tables([chunks[i].block_table for i in decode])  # (Bd, n_blocks)
-        S = dec_tables.shape[1] * cache.block_size  # key positions read per request, padding included
-        dec_mask = (torch.arange(S, device=device) < dec_len.unsqueeze(1))[:, None, None, :]  # (Bd, 1, 1, S)
-        one_len = int(dec_len[0]) if len(decode) == 1 else None  # a batch of one needs no mask: cut instead
+        dec_len = torch.tensor(lengths, device=device)  # (Bd,)
+        if decode_attention == "gather":
+            S = dec_tables.shape[1] * bs  # key positions read per request, padding included
+            dec_mask = (torch.arange(S, device=device) < dec_len.unsqueeze(1))[:, None, None, :]  # (Bd, 1, 1, S)
+            one_len = lengths[0] if len(decode) == 1 else None  # a batch of one needs no mask: cut instead
     pre_tables = [cache.padded_tables([chunks[i].block_table]) for i in prefill]  # each (1, n_blocks)
 
-    cos, sin = model.rope_cos[pos], model.rope_sin[pos]  # (N, D)
+    t_attention = 0.0
+    t_inputs = time.perf_counter() - t_start
+    cos, sin = model.rope_cos[pos].unsqueeze(1), model.rope_sin[pos].unsqueeze(1)  # (N, 1, D): one per token
     x = model.embed(tokens)  # (N, C)
     for layer_idx, layer in enumerate(model.layers):
         attn = layer.attn
         H, Hkv, D = attn.n_heads, attn.n_kv_heads, attn.head_dim
         q, k, v = attn.wqkv(layer.attn_norm(x)).split(attn.split_sizes, dim=-1)
-        q = apply_rope(q.view(-1, H, D).transpose(0, 1), cos, sin)  # (H, N, D)
-        k = apply_rope(k.view(-1, Hkv, D).transpose(0, 1), cos, sin)  # (Hkv, N, D)
-        cache.write(layer_idx, slots, k.transpose(0, 1), v.view(-1, Hkv, D))  # the cache owns the write
+        q = apply_rope(q.view(-1, H, D), cos, sin)  # (N, H, D), contiguous: tokens first, as the kernel reads it
+        k = apply_rope(k.view(-1, Hkv, D), cos, sin)  # (N, Hkv, D)
+        cache.write(layer_idx, slots, k, v.view(-1, Hkv, D))  # the cache owns the write
 
-        y = torch.empty_like(q)  # (H, N, D)
+        t0 = time.perf_counter()
         if decode:
-            kd, vd = cache.gather(layer_idx, dec_tables)  # (Bd, Hkv, S, D)
-            qd = q[:, dec_rows].transpose(0, 1).unsqueeze(2)  # (Bd, H, 1, D)
-            if one_len is not None:
-                yd = F.scaled_dot_product_attention(qd, kd[:, :, :one_len], vd[:, :, :one_len], enable_gqa=Hkv != H)
+            qd = q if all_decode else q[dec_rows]  # (Bd, H, D)
+            if decode_attention == "in_place":
+                yd = paged_decode_attention(qd, cache.k[layer_idx], cache.v[layer_idx], dec_tables, dec_len,
+                                            bs)  # (Bd, H, D)
             else:
-                yd = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=dec_mask, enable_gqa=Hkv != H)
-            y[:, dec_rows] = yd[:, :, 0].transpose(0, 1)  # (H, Bd, D)
+                kd, vd = cache.gather(layer_idx, dec_tables)  # (Bd, Hkv, S, D): a dense copy
+                qd = qd.unsqueeze(2)  # (Bd, H, 1, D)
+                if one_len is not None:
+                    yd = F.scaled_dot_product_attention(qd, kd[:, :, :one_len], vd[:, :, :one_len],
+                                                        enable_gqa=Hkv != H)
+                else:
+                    yd = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=dec_mask, enable_gqa=Hkv != H)
+                yd = yd[:, :, 0]  # (Bd, H, D)
+        if all_decode:
+            y = yd  # (N, H, D)
+        else:
+            y = torch.empty_like(q)  # (N, H, D)
+            if decode:
+                y[dec_rows] = yd
         for i, table in zip(prefill, pre_tables):
             r0, T = rows[i]
             S = chunks[i].start_pos + T  # keys this chunk's queries may see
             kp, vp = cache.gather(layer_idx, table)  # (1, Hkv, n_blocks * block_size, D)
             kp, vp = kp[:, :, :S], vp[:, :, :S]  # (1, Hkv, S, D)
-            qp = q[:, r0:r0 + T].unsqueeze(0)  # (1, H, T, D)
+            qp = q[r0:r0 + T].transpose(0, 1).unsqueeze(0)  # (1, H, T, D)
             if S == T:  # a whole prompt: the plain causal mask, as model.py's prefill uses
                 yp = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, enable_gqa=Hkv != H)
             else:  # a later chunk, or a prompt whose prefix came from the prefix cache
                 yp = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=causal_mask(T, S, device=device),
                                                     enable_gqa=Hkv != H)
-            y[:, r0:r0 + T] = yp[0]
-        x = x + attn.wo(y.transpose(0, 1).reshape(-1, H * D))  # (N, C)
+            y[r0:r0 + T] = yp[0].transpose(0, 1)  # (T, H, D)
+        t_attention += time.perf_counter() - t0
+        x = x + attn.wo(y.reshape(-1, H * D))  # (N, C)
         x = x + layer.mlp(layer.mlp_norm(x))
 
+    for c in chunks:  # every layer wrote its slots: the cache records each sequence's new length
+        if c.seq_id is not None:
+            cache.commit(c.seq_id, c.start_pos + len(c.token_ids))
+    if timings is not None:
+        timings["inputs"] = timings.get("inputs", 0.0) + t_inputs
+        timings["attention"] = timings.get("attention", 0.0) + t_attention
     last = [r0 + T - 1 for (r0, T), c in zip(rows, chunks) if c.want_logits]
     if not last:
         return torch.empty(0, model.cfg.vocab_size, device=device)

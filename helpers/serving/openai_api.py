@@ -122,9 +122,11 @@ def parse_body(raw: bytes, model: type[BaseModel]) -> BaseModel:
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        errors = e.errors()  # the first field at fault; of a union's errors, the one that got furthest in
+        errors = e.errors()  # the first field at fault; of a union's errors, the one that got furthest in,
+        # and of those one about the value rather than its type ("at most 4 items" over "should be a string")
         same_field = [x for x in errors if x["loc"][:1] == errors[0]["loc"][:1]]
-        raise validation_error(model, max(same_field, key=lambda x: len(x["loc"]))) from None
+        furthest = max(same_field, key=lambda x: (len(x["loc"]), not x["type"].endswith("_type")))
+        raise validation_error(model, furthest) from None
 
 
 def validation_error(model: type[BaseModel], err: dict) -> APIError:

@@ -11,11 +11,16 @@ which is the whole point: a request takes one block at a time as it grows, and h
 it ends, so no memory is reserved for tokens it has not generated (block_pool.py keeps the books).
 
 `write` stores new keys/values at their slots; `gather` reads requests' blocks back in position
-order, as the dense (B, Hkv, S, D) tensor that scaled_dot_product_attention takes. The cache owns its
-writes; positions are the caller's (the scheduler knows how many tokens each request has computed).
+order, as the dense (B, Hkv, S, D) tensor that scaled_dot_product_attention takes (prefill chunks, and
+the dense-copy baseline); decode attention reads the blocks in place instead (paged_attention.py).
 
-Out of scope (vLLM has them): a fused paged-attention kernel that reads blocks in place instead of
-gathering them into a dense copy first, quantized (fp8/int8) KV blocks, and CPU swap space.
+The cache contract of helpers/kv_cache.py, per sequence: the attention writes through `write`; whoever
+ran the forward then calls `commit(seq_id, end)` to say that sequence's positions [0, end) are filled
+(model_runner.forward_step does, for every chunk that names its sequence); `release(seq_id)` forgets a
+sequence whose blocks went back to the pool. Only the cache assigns its `lengths`. The scheduler keeps
+its own count (`Request.num_computed`, what to compute next); tests/test_serving.py checks the two agree.
+
+Out of scope (vLLM has them): quantized (fp8/int8) KV blocks, and CPU swap space.
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ class PagedKVCache:
         shape = (n_layers, num_blocks * block_size, n_kv_heads, head_dim)  # (L, slots, Hkv, D)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.lengths: dict[str, int] = {}  # sequence id -> positions filled; written by commit/release only
 
     @classmethod
     def for_model(cls, model, num_blocks: int, block_size: int = 16) -> "PagedKVCache":
@@ -56,10 +62,23 @@ class PagedKVCache:
         """Block tables padded with block 0 to the longest: (B, n_blocks) long. A reader sees
         n_blocks * block_size key positions per request and must mask the padding out."""
         width = max(len(t) for t in block_tables)
-        table = torch.zeros(len(block_tables), width, dtype=torch.long)
-        for i, t in enumerate(block_tables):
-            table[i, :len(t)] = torch.tensor(t, dtype=torch.long)
-        return table.to(self.k.device)
+        rows = [t + [0] * (width - len(t)) for t in block_tables]  # padded as Python lists: one tensor call
+        return torch.tensor(rows, dtype=torch.long, device=self.k.device)
+
+    def commit(self, seq_id: str, end: int) -> None:
+        """Sequence seq_id's positions [0, end) now hold keys and values (a forward wrote their slots, in every
+        layer); any later ones are forgotten, as a contiguous cache's commit forgets them."""
+        if not isinstance(end, int) or isinstance(end, bool) or end < 0:
+            raise ValueError(f"end must be an int >= 0; got {end!r}")
+        self.lengths[seq_id] = end
+
+    def length(self, seq_id: str) -> int:
+        """Positions filled for seq_id (0 for a sequence never committed or released)."""
+        return self.lengths.get(seq_id, 0)
+
+    def release(self, seq_id: str) -> None:
+        """Forget seq_id (its blocks went back to the pool: finished, cancelled or preempted)."""
+        self.lengths.pop(seq_id, None)
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store keys/values (N, Hkv, D) of N new tokens at `slots` (N,)."""

@@ -48,6 +48,13 @@ class Request:
     def all_ids(self) -> list[int]:
         return self.prompt + self.output
 
+    def ids(self, start: int, end: int) -> list[int]:
+        """Token ids at positions start .. end-1 (prompt then output), without building the whole list."""
+        P = len(self.prompt)
+        if start >= P:
+            return self.output[start - P:end - P]
+        return self.prompt[start:end] + (self.output[:end - P] if end > P else [])
+
     @property
     def num_tokens(self) -> int:
         return len(self.prompt) + len(self.output)

@@ -54,6 +54,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order: the last one is preempted first
         self.num_preemptions = 0
+        self.recomputed_tokens = 0  # tokens whose KV preemption threw away (each is computed again later)
 
     def add(self, r: Request) -> None:
         self.waiting.append(r)
@@ -171,6 +172,7 @@ class Scheduler:
         """Take r's blocks back; it waits at the front of the queue and recomputes its tokens later."""
         self.running.remove(r)
         self.pool.release(r.block_table)
+        self.recomputed_tokens += r.num_computed
         r.block_table, r.num_computed, r.status = [], 0, WAITING
         r.num_preemptions += 1
         self.num_preemptions += 1

@@ -106,7 +106,9 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 async def api_error(request, exc: APIError):
-    return JSONResponse(exc.body(), status_code=exc.status)
+    # a full queue frees within a few decode steps: clients that honour Retry-After (OpenAI's SDK does) wait 1 s
+    headers = {"Retry-After": "1"} if exc.status == 429 else None
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
 async def http_error(request, exc: HTTPException):

@@ -39,6 +39,9 @@ class PaddedRequest(Request):
     def all_ids(self) -> list[int]:
         return self.prompt + self.output + self.padded
 
+    def ids(self, start: int, end: int) -> list[int]:
+        return self.all_ids[start:end]
+
     @property
     def num_tokens(self) -> int:
         return len(self.prompt) + len(self.output) + len(self.padded)

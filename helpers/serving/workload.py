@@ -7,6 +7,7 @@ and a number of tokens to generate (greedy, no end-of-text stop, so every policy
     seq = run_sequential(model, wl)                       # one request at a time with helpers.generate
     cont = run_engine(Engine(model, num_blocks=512), wl)  # continuous batching
     cont.throughput, cont.ttft_p50, cont.itl_p99
+    cont.goodput(ttft_target=0.5, tpot_target=0.05)       # requests/s meeting both latency targets
 
 Distributions, stated: prompt and output lengths uniform on the given inclusive ranges; arrivals a
 Poisson process of `rate` requests per second (exponential gaps), or all at time 0 when rate is None;
@@ -109,6 +110,16 @@ class RunResult:
     @property
     def itl_p99(self) -> float:
         return percentile(self.itls, 99)
+
+    def tpots(self) -> list[float]:
+        """Each request's mean time per output token after its first: (last - first) / (n - 1)."""
+        return [(t[-1] - t[0]) / (len(t) - 1) if len(t) > 1 else 0.0 for t in self.token_times if t]
+
+    def goodput(self, ttft_target: float, tpot_target: float) -> float:
+        """Requests per second that met both targets (seconds): TTFT <= ttft_target and TPOT <= tpot_target,
+        over the run's makespan (DistServe's goodput)."""
+        met = sum(1 for ttft, tpot in zip(self.ttfts, self.tpots()) if ttft <= ttft_target and tpot <= tpot_target)
+        return met / self.makespan
 
     def row(self) -> str:
         """One line: throughput, then TTFT and inter-token latency as p50 / p99 in milliseconds."""
