@@ -8,7 +8,7 @@ import tempfile
 import pytest
 import torch
 
-import helpers.fast_decode  # noqa: F401 (sets the compile cache folder, below)
+from helpers.compiling import use_course_compile_cache
 from helpers.model import ModelConfig, Transformer
 from helpers.paths import REPO
 
@@ -23,8 +23,9 @@ torch.set_num_threads(1)
 os.environ.setdefault("LLM_COURSE_FIGURES", tempfile.mkdtemp(prefix="course-figures-"))
 # every figure a notebook saves is checked for overlapping or escaping labels (course/figure_check.py)
 os.environ.setdefault("LLM_COURSE_CHECK_FIGURES", "1")
-# torch.compile's cache: importing helpers.fast_decode (above) pointed TORCHINDUCTOR_CACHE_DIR, unless set, at
-# .cache/inductor/<instruction set> instead of the system temp folder (inductor_cache_dir says why per set)
+# torch.compile's cache: TORCHINDUCTOR_CACHE_DIR, unless set, points at .cache/inductor/<instruction set> instead
+# of the system temp folder (inductor_cache_dir says why per set), here and in the notebook kernels
+use_course_compile_cache()
 
 
 def pytest_configure(config):

@@ -20,14 +20,17 @@ Modules, one job each (chapter in brackets). At the top, the inference code a le
     kv_cache.py          preallocated key/value buffers written by position                       [05]
     sliding_window.py    a rolling KV cache; SinkKVCache keeps attention sinks                    [05, 08]
     fast_decode.py       a compiled, static-shape decode step (CUDA graphs on a GPU)              [07]
+    compiling.py         torch.compile's plumbing for it: cache folder, options, warm-up          [07]
     export_gguf.py       python -m helpers.export_gguf: the course model as a GGUF file           [07]
     int8_kv.py           a KV cache stored as int8 codes, one scale per token and KV head         [08]
     sampling.py          logits -> token: temperature, top-k, top-p, min-p, penalties            [09]
     beam_search.py       beam search with length penalty and early stopping, equal to HF's        [10]
     regex_automaton.py   regular expressions -> a byte-level automaton                            [10]
     grammar.py           automaton -> per-state token masks; GrammarProcessor for generate        [10]
-    quantize.py          int8 / int4 by hand, and linear layers on torch's real kernels           [11]
-    speculative.py       speculative sampling with a draft model or prompt lookup                 [12]
+    quantize/            int8 / int4 by hand (arithmetic), layers on torch's real kernels
+                         (linear, dynamic), a whole model (__init__)                              [11]
+    speculative/         speculative sampling: the rule, the loop, a round as one compiled graph,
+                         prompt lookup, exactness tests                                           [12]
     serving/             continuous batching: paged KV blocks, scheduler, prefix caching,
                          chunked prefill, the engine; and the OpenAI-compatible server           [13, 14]
     serving/__main__.py  python -m helpers.serving: the course model behind OpenAI's API          [14]
@@ -37,7 +40,8 @@ Shared by all of them:
     device.py            device choice, and waiting for it before a clock is read
     processes.py         processes we start: a free port, stop by PID, a child that dies with its parent
     progress.py          progress bars whose stored notebook text is the finished bar
-    bench.py             python -m helpers.bench: every speed claim as a measured ratio           [BENCHMARKS.md]
+    bench/               python -m helpers.bench: every speed claim as a measured ratio, one
+                         module per group of rows, llama.cpp on the same weights                 [BENCHMARKS.md]
 Three wings, each a folder with its own map in its __init__.py:
     measure/             timing (every timer), flops (counts from a config), roofline and calibration
                          (measured ceilings), profiling, evaluate (bits per byte)                 [02, 06, 07]
@@ -46,15 +50,16 @@ Three wings, each a folder with its own map in its __init__.py:
                          layer and attention maps, chapter 05's allocation simulator, exercises/
 
 How the modules depend on each other (A above B when A imports B; nothing imports upwards, no cycles).
-Counting each folder as one unit, the package and scripts/ make 31 units on 6 levels joined by 98 imports:
+Counting each folder as one unit, the package and scripts/ make 32 units on 6 levels joined by 99 imports:
     level 1  model (it states the cache contract), tokenizer, sampling, stopping, regex_automaton,
              device, progress, paths: import nothing of the package
-    level 2  kv_cache, sliding_window, checkpoint, data, quantize, grammar, hf
+    level 2  kv_cache, sliding_window, checkpoint, data, quantize/, grammar, hf, compiling
     level 3  generate, int8_kv, export_gguf, train_tokenizer, measure/
     level 4  fast_decode, beam_search, token_healing, train, parallel/, serving/, this file
-    level 5  speculative, course/, scripts/
-    level 6  bench.py: it times everything below it
-The largest module is speculative.py (821 lines), then bench.py (793). Inside the wings: course/ has one
+    level 5  speculative/, course/, scripts/
+    level 6  bench/: it times everything below it
+The largest modules are model.py and fast_decode.py (about 400 lines each); speculative/, quantize/
+and bench/ are folders of modules under 330 lines. Inside the wings: course/ has one
 import between its modules (notebook setup uses plotting's style), parallel/ two (both parallel schemes
 load their model through workers), measure/ three (roofline times with timing; calibration uses both).
 """

@@ -15,7 +15,10 @@ facts:
   when both vectors are permuted alike, so every attention score is unchanged. W_v and W_o stay.
 
 Types: f32 (exact), f16 (also exact: the checkpoints store float16 weights), q8_0 and q4_0 (llama.cpp's
-own block formats, 32 weights per scale; quantized by the gguf package). Norm weights stay float32, as
+own block formats, 32 weights per scale; quantized by the gguf package). `quantize_gguf` builds q8_0 and
+q4_0 files the way a llama.cpp user would instead: llama.cpp's own quantizer (llama_model_quantize, through
+llama-cpp-python) reading the f32 export, with its default choices per tensor (it may keep the tied
+embedding in a wider type than the rest; the file's size says what it chose). Norm weights stay float32, as
 llama.cpp requires. The tied output head is not written: llama.cpp reuses the token embedding.
 
 The tokenizer travels as a GPT-2-style byte-level BPE vocabulary (tokens, merges, special ids), so
@@ -27,6 +30,9 @@ Out of scope: other GGUF quantization types, importing GGUF files back, chat tem
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -149,6 +155,52 @@ def write_gguf(model, tok, path, file_type: str = "f32", name: str = "model") ->
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+LLAMA_FTYPES = {"f32": "LLAMA_FTYPE_ALL_F32", "f16": "LLAMA_FTYPE_MOSTLY_F16", "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
+                "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0"}
+
+
+def quantize_gguf(src, dst, file_type: str, threads: int | None = None) -> Path:
+    """llama.cpp's own quantizer (llama-cpp-python's llama_model_quantize) from the GGUF file `src` (an f32
+    export) to `dst` in `file_type` ("q8_0", "q4_0", or "f16"), with llama.cpp's default per-tensor choices.
+    Needs llama-cpp-python; raises ImportError without it and RuntimeError if llama.cpp reports a failure."""
+    import ctypes
+
+    import llama_cpp
+
+    if file_type not in LLAMA_FTYPES or file_type == "f32":
+        raise ValueError(f"file_type must be one of {[t for t in LLAMA_FTYPES if t != 'f32']}; got {file_type!r}")
+    src, dst = Path(src), Path(dst)
+    if not src.is_file():
+        raise ValueError(f"src must be an existing GGUF file; got {str(src)!r}")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, LLAMA_FTYPES[file_type])
+    params.nthread = threads or torch.get_num_threads()
+    with native_output_silenced():  # llama.cpp logs every tensor it converts on the process's stderr
+        status = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
+    if status != 0:
+        raise RuntimeError(f"llama.cpp failed to quantize {src} to {file_type} (status {status})")
+    return dst
+
+
+@contextlib.contextmanager
+def native_output_silenced():
+    """Point file descriptors 1 and 2 at /dev/null meanwhile: what C code prints goes, Python's own is kept."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 1)
+        os.dup2(null.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
 
 
 def read_gguf_tensors(path) -> dict[str, np.ndarray]:

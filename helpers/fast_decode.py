@@ -23,15 +23,15 @@ since compiled kernels add in a different order. If compilation is impossible (n
 unsupported platform) it warns once and runs the same static step eagerly.
 
 Compiling is slow once: the generated code is cached on disk (TORCHINDUCTOR_CACHE_DIR; in this repo
-.cache/inductor/<instruction set>, see inductor_cache_dir), and a later process with the same model
-shapes loads it in a few seconds. `warmup()` says which happened (`compile_source`), and the seconds a
-cold compile took are kept in a small record beside the cache (`cold_compile_seconds`), so a run from
-the cache can still report them.
+.cache/inductor/<instruction set>, set when the first generator is built: compiling.use_course_compile_cache;
+importing this module does nothing), and a later process with the same model shapes loads it in seconds.
+`warmup()` says which happened (`compile_source`), and the seconds a cold compile took are kept in a small
+record beside the cache (`cold_compile_seconds`), so a run from the cache can still report them.
 
 On a CPU the generator also keeps each projection's weight transposed, (in, out) and contiguous
-(`input_major_copy`): for a batch-1 step, torch's matrix-vector product over that layout ran
-1.6-2.1x faster than over nn.Linear's (out, in) layout for the course model's 25 projections with
-torch's AVX-512 and AVX2 kernels, 1.1x with SSE4.2 only (chapter 07 measures it on yours). It costs
+(`input_major_copy`): for a batch-1 step, torch's matrix-vector product over that layout ran 1.6-2.1x
+faster than over nn.Linear's for the course model's projections (AVX-512 and AVX2; 1.1x with SSE4.2
+only; chapter 07 measures it on yours). It costs
 a second copy of those weights (19 MB for the course model); `input_major=False` turns it off. For
 several rows at once (a 4-token verify pass, a batch, a prefill) the same layer multiplies by
 nn.Linear's own (out, in) weight instead, where the library's kernels are faster (InputMajorLinear):
@@ -51,83 +51,57 @@ default for float weights) compiles the weights in as constants, so a step passe
 position, the cache) instead of 55 through torch.compile's wrappers. Together about 1.17x on the course
 model's step (2.14 -> 1.76 ms, interleaved, same logits). Inductor's weight prepacking (a
 freezing pass that swaps each matmul for a packed library call) is turned off: it made the step 0.87x.
-The weights are fixed when the step compiles (the (in, out) projections are copies anyway): a later
-change to the model is not guaranteed to reach the step, so build a new generator after one.
-Quantized weights are not frozen by default (`freeze=None`): inductor folds constant expressions
-ahead of time, and for the int8 codes of quantize.py's fused_dequant kernel that folding produced
-float32 weights again (the generated loop read no int8 at all); the same holds for bf16/fp16 weights
-in an fp32 model (quantize.py's FLOAT_FORMATS), so only a model whose tensors all have its own dtype
-is frozen.
+The weights are fixed when the step compiles: build a new generator after changing the model.
+Only a model whose tensors all have its own dtype is frozen by default: inductor folds constants
+ahead of time, which turned quantize/'s int8 codes and 16-bit weights back into float32 weights.
 
 Opt-in on a CPU, `gemm_autotune=True` (frozen weights only): inductor prepacks the weights and times,
-for every product, its own generated C++ GEMM (its CPU GEMM template, micro-kernels for the machine's
-vector width) against the library's packed call, keeping the faster. On a 2-core AMD EPYC VM (Zen 5,
-AVX-512, one thread) the course model's step ran 1.77-1.94x faster (0.53-0.66 ms against 0.93-1.27 ms,
-interleaved, same greedy tokens; 1.67-1.69x in `python -m helpers.bench`'s lever row), the 149M
-random-weight model's 1.66x (21.9 against 36.4 ms), and a 4-token verify pass cost 1.17-1.31 steps
-instead of 1.78-1.85. It is not the default, for its price: the
-packed weights cannot be pickled, so inductor's graph cache is bypassed and every new process lowers
-the step again (15-20 s for the course model, about 14 s for a tiny one, instead of 2-5 s from the
-cache; only the products' timings and the C++ kernels are cached), and what it buys depends on the CPU:
-on a 2-core Intel Xeon VM (AVX-512, one thread) the course model's step was 1.01x (1.01 against 1.02 ms,
-interleaved, 25 s to lower it cold), and on an Intel Sapphire Rapids VM prepacking without the template
-made the step 0.87x.
-Speculative rounds on two such generators are frozen and autotuned too (speculative.FusedRounds).
+for every product, its own generated C++ GEMM (its CPU GEMM template) against the library's packed call,
+keeping the faster. It is often much faster (course model, one thread, AMD Zen 5 VM: 1.67-1.96x quiet;
+0.89-1.68 ms against 1.66-69 ms for the default step on the same VM heavily loaded, where the default
+step's time swung 40-fold between runs and the autotuned one's did not), but it is not the default, for
+its compile cost, which was not reliably cached: the packed weights could not be pickled, so inductor's
+graph cache was bypassed and a new process lowered the step again (course model: 15-20 s quiet, 68 s
+loaded, 2.1 s in one later quiet process; 326 s cold; the default step: 176 s cold, 2-5 s cached): too
+slow for every chapter and test that builds a generator. Without prepacking the template is cacheable but
+was slower than the default step (25.5 against 16.3 ms, loaded); on an Intel Xeon VM it bought nothing
+(1.01x). Fused speculative rounds on two such generators are frozen and autotuned too (FusedRounds).
 
 `forward(tokens, input_pos)` runs T > 1 tokens through the same static path (speculative decoding's
-verify pass and its draft's catch-up step, speculative.py): compiled for each T named in
+verify pass and its draft's catch-up step, speculative/): compiled for each T named in
 `warmup(token_counts=...)`, one graph per T; any other T runs the static path eagerly, so a call never
 compiles in the middle of a generation.
 
-Out of scope: batching requests of different lengths; the speculative loop itself (speculative.py).
+Out of scope: batching requests of different lengths; the speculative loop (speculative/); the compile
+plumbing (compiling.py: cache folder, options, warm-up, cold-compile record, guard skipping).
 """
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
-import time
 import warnings
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .device import synchronize
+from .compiling import (  # noqa: F401 (re-exported: chapters, tests and scripts import them from here)
+    compile_options,
+    guards_checked_once,
+    inductor_cache_counts,
+    inductor_cache_dir,
+    read_cold_compiles,
+    remember_cold_compile,
+    use_course_compile_cache,
+    warm_compiled,
+)
 from .generate import generate as generate_loop
 from .generate import prepare_generation
 from .kv_cache import KVCache
 from .model import Attention
-from .paths import INDUCTOR_CACHE
 from .sampling import SamplingConfig
 from .stopping import stop_checker
-
-
-def inductor_cache_dir() -> str:
-    """Where the course keeps inductor's generated code: .cache/inductor/<ATen's CPU capability>, one folder
-    per instruction set ("avx512", "avx2", "default"; set ATEN_CPU_CAPABILITY to choose another).
-
-    One folder per instruction set, because torch 2.13 reused cached code across them: with one shared
-    folder, filled under AVX-512 and then read under ATEN_CPU_CAPABILITY=avx2, the course model's compiled
-    step returned NaN logits, and under ATEN_CPU_CAPABILITY=default its C++ failed to build ("'at::vec' has
-    not been declared"); with a fresh folder each setting compiled and gave generate's tokens. The same
-    would happen to a folder shared by machines with different CPUs (a network home directory, a CI cache).
-    The tests and scripts/run_notebooks.py use this folder too; TORCHINDUCTOR_CACHE_DIR, when set, wins."""
-    return str(INDUCTOR_CACHE / torch.backends.cpu.get_cpu_capability().lower())
-
-
-# torch._dynamo fixes the cache folder when it is first imported (the system temp folder, unless the variable
-# is set): point it at the course's folder first (TORCHINDUCTOR_CACHE_DIR, when set, wins)
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", inductor_cache_dir())
-
-# dynamo keeps at most `recompile_limit` graphs per code object, and every FastGenerator compiles the same
-# methods (_static_step, _static_forward): each model, buffer size and token count is one more graph of that
-# code. The default (8) is reached by one process that builds a dozen generators (the bench does: compile
-# levers, speculative draft and target, quantized models), after which compiling fails with
-# FailOnRecompileLimitHit and the generator falls back to eager. Each graph is still guarded by its own
-# generator's tensors, so a larger limit only lets more generators coexist.
-torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 
 
 def compile_available() -> bool:
@@ -136,92 +110,6 @@ def compile_available() -> bool:
 
     return shutil.which(os.environ.get("CXX", "g++")) is not None or shutil.which("c++") is not None
 
-
-def _cold_compile_record() -> str:
-    folder = os.environ.get("TORCHINDUCTOR_CACHE_DIR", inductor_cache_dir())
-    return os.path.join(folder, "fast_decode_cold_compiles.json")
-
-
-def _read_cold_compiles() -> dict:
-    try:
-        with open(_cold_compile_record()) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {}
-
-
-def _inductor_cache_counts() -> tuple[int, int]:
-    from torch._dynamo.utils import counters
-
-    return counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
-
-
-def _remember_cold_compile(key: str, seconds: float) -> None:
-    """Note in the record beside the cache that the graph with this key took `seconds` to compile cold."""
-    record = _read_cold_compiles()
-    record[key] = round(seconds, 1)
-    try:
-        os.makedirs(os.path.dirname(_cold_compile_record()), exist_ok=True)
-        with open(_cold_compile_record(), "w") as f:
-            json.dump(record, f, indent=1)
-    except OSError:
-        pass  # a read-only cache folder: nothing to remember, nothing lost
-
-
-def compile_options(mode: str | None, *, cpp_wrapper: bool, freeze: bool, gemm_autotune: bool = False) -> dict:
-    """torch.compile's keyword arguments for a static decode graph (one fixed shape, the whole graph).
-
-    gemm_autotune (with freeze): prepack the frozen weights and let inductor time its own generated C++
-    matmul (its CPU GEMM template) against the library's call for each product, keeping the faster (see
-    the module docstring for what it buys and costs)."""
-    options = {}
-    if cpp_wrapper:
-        options["cpp_wrapper"] = True
-    if freeze:  # constants, not inputs; without the autotuned template, prepacking alone was slower
-        options.update({"freezing": True, "cpp.weight_prepack": gemm_autotune})
-        if gemm_autotune:  # quietly: no table of timings per product on stderr
-            options.update({"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
-                            "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False})
-    if mode is not None and options:  # torch.compile takes a mode or options, not both: spell the mode out
-        options = {**torch._inductor.list_mode_options(mode), **options}
-    return dict(mode=None if options else mode, fullgraph=True, dynamic=False, options=options or None)
-
-
-def warm_compiled(fn, args, caches, slots: int, freeze: bool) -> tuple[Exception | None, float, bool]:
-    """Call a compiled fn(*args) twice, so that it compiles (CUDA graphs record on a later call than the
-    first), keeping the first `slots` positions of each KVCache in `caches` as they were (the call writes
-    them). Returns (the error if it failed, else None; seconds; whether inductor's cache missed: cold)."""
-    saved = [(c.k[:, :, :, :slots].clone(), c.v[:, :, :, :slots].clone()) for c in caches]
-    _, misses = _inductor_cache_counts()
-    t0 = time.perf_counter()
-    error = None
-    # dynamo reads inductor's freezing flag itself while tracing (it then treats the weights as
-    # constants, not inputs), so the flag must be set around the calls that trace, not only in options
-    freezing = torch._inductor.config.patch(freezing=True) if freeze else contextlib.nullcontext()
-    try:
-        with freezing, warnings.catch_warnings():
-            # inductor's autotuner reads a weight through the deprecated TypedStorage: not the caller's concern
-            warnings.filterwarnings("ignore", message="TypedStorage is deprecated")
-            for _ in range(2):
-                fn(*args)
-        synchronize(caches[0].k.device)
-    except Exception as e:  # noqa: BLE001 - any compiler failure means: run eagerly
-        error = e
-    seconds = time.perf_counter() - t0
-    for c, (k, v) in zip(caches, saved):
-        c.k[:, :, :, :slots] = k
-        c.v[:, :, :, :slots] = v
-    return error, seconds, error is None and _inductor_cache_counts()[1] > misses
-
-
-def guards_checked_once():
-    """A context manager in which dynamo skips its guard checks (shapes, dtypes, grad mode, the weights) on
-    calls into graphs that have already had them checked once. The decode loops enter it after their first
-    step, since nothing in a loop changes what the guards test; time steps inside it to time them as the
-    loops run them (checked, the course model's 1-token step took 1.13-1.27 ms where the plain loop spent
-    0.88-0.94 ms a token: autotuned GEMM, one thread, AMD Zen 5). Where one function holds several graphs
-    (T = 1 and 2, or target and draft), torch still checks the guards that tell them apart."""
-    return torch.compiler.set_stance(skip_guard_eval_unsafe=True)
 
 
 class InputMajorLinear(nn.Module):
@@ -255,7 +143,7 @@ class InputMajorLinear(nn.Module):
 
 def _float_weights(model: nn.Module) -> bool:
     """True when every parameter and buffer is in the model's own float dtype: no int8/int4 codes and no
-    16-bit weights of an fp32 model from quantize.py (freezing would fold their conversion into fp32)."""
+    16-bit weights of an fp32 model from quantize/ (freezing would fold their conversion into fp32)."""
     return all(t.dtype == model.dtype for t in [*model.parameters(), *model.buffers()])
 
 
@@ -301,6 +189,7 @@ class FastGenerator:
                  mode: str | None = None, cpp_wrapper: bool | None = None, input_major: bool | None = None,
                  static_attention: str | None = None, freeze: bool | None = None,
                  gemm_autotune: bool = False):
+        use_course_compile_cache()  # the on-disk cache folder, set when the first generator is built
         self.model = model.eval()
         # on a CPU, multiply single rows by projections stored (in, out) (several rows, as in prefill, keep
         # nn.Linear's layout), and let the compiled step attend with explicit sums that inductor fuses: see
@@ -358,7 +247,7 @@ class FastGenerator:
     @property
     def cold_compile_seconds(self) -> float | None:
         """Seconds the cold compile of this very step took (on this machine, whenever it filled the cache)."""
-        return _read_cold_compiles().get(self.compile_key())
+        return read_cold_compiles().get(self.compile_key())
 
     @property
     def compiled_token_counts(self) -> tuple[int, ...]:
@@ -367,7 +256,7 @@ class FastGenerator:
 
     def cold_compile_seconds_for(self, tokens: int) -> float | None:
         """The same for the static forward of `tokens` tokens per call (1: the step)."""
-        return _read_cold_compiles().get(self.compile_key(tokens))
+        return read_cold_compiles().get(self.compile_key(tokens))
 
     @torch.no_grad()
     def step(self, token: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
@@ -426,7 +315,7 @@ class FastGenerator:
         self.compile_seconds += seconds
         self.compile_seconds_by_tokens[tokens] = seconds
         if error is None and cold:  # a cold compile: remember how long it took
-            _remember_cold_compile(self.compile_key(tokens), seconds)
+            remember_cold_compile(self.compile_key(tokens), seconds)
         return error
 
     @torch.no_grad()  # the same grad mode as the decode loop, or its first call would compile a second graph
@@ -436,11 +325,11 @@ class FastGenerator:
         token_counts: also compile `forward` for these numbers of tokens per call (one graph each; 1 is
         the step). Returns the seconds all warm-ups of this generator took so far."""
         if self._want_compile and not self.compiled:
-            _, misses = _inductor_cache_counts()
+            _, misses = inductor_cache_counts()
             error = self._warm(self._step, 1)
             if error is None:
                 self.compiled = True
-                cold = _inductor_cache_counts()[1] > misses
+                cold = inductor_cache_counts()[1] > misses
                 self.compile_source = "compiled cold" if cold else "compiled from the on-disk cache"
             else:
                 warnings.warn(f"torch.compile failed ({type(error).__name__}: {str(error)[:200]}); decoding eagerly",
@@ -500,7 +389,7 @@ class FastGenerator:
             logits = self._step(token, pos)  # (B, V)
             if copy_out:
                 logits = logits.clone()  # a CUDA-graph output is overwritten by the next replay
-            cache.length += 1
+            cache.commit(cache.length + 1)  # the step wrote one more position
             if first and self._want_compile:
                 # the first step had dynamo's guards checked (shapes, dtypes, grad mode, the weights);
                 # nothing in this loop changes any of them, so checking them again on every later step

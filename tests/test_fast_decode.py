@@ -370,3 +370,24 @@ def test_input_major_linear_picks_the_layout_by_row_count():
     with torch.no_grad():
         assert torch.equal(layer(x1), x1 @ w.t().contiguous())
         assert torch.equal(layer(x4), torch.nn.functional.linear(x4, w))
+
+
+def test_importing_sets_nothing_building_a_generator_does():
+    """No work at import: importing helpers.fast_decode leaves the environment and dynamo alone; building a
+    FastGenerator points inductor's cache at the course's folder (unless TORCHINDUCTOR_CACHE_DIR is set)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os, sys\n"
+            "import helpers.fast_decode, helpers.speculative, helpers.bench\n"
+            "print(os.environ.get('TORCHINDUCTOR_CACHE_DIR'), 'torch._dynamo' in sys.modules)\n"
+            "from helpers.model import ModelConfig, Transformer\n"
+            "fast = helpers.fast_decode.FastGenerator(Transformer(ModelConfig.from_preset('tiny')), compile=False)\n"
+            "import torch._dynamo\n"
+            "print(os.environ.get('TORCHINDUCTOR_CACHE_DIR'), torch._dynamo.config.recompile_limit >= 64)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, cwd=REPO)
+    before, after = out.stdout.split("\n")[:2]
+    assert before == "None False"
+    assert after == f"{fast_decode.inductor_cache_dir()} True"

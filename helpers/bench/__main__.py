@@ -1,0 +1,4 @@
+"""python -m helpers.bench: see helpers.bench.runner."""
+from .runner import main
+
+main()
