@@ -45,7 +45,7 @@ def one_step_fn(model, device):
 
     def step():
         decode_one_token(model, token, cache)
-        cache.length -= 1  # forget it again: every call is the same step
+        cache.truncate(cache.length - 1)  # forget it again: every call is the same step
 
     return step
 
