@@ -7,7 +7,7 @@
 
 Modules, one job each (chapter in brackets). At the top, the inference code a learner reads:
     model.py             the transformer: config presets, RMSNorm, RoPE, GQA attention, SwiGLU;
-                         check_cache, the contract every KV cache meets                          [00, 01]
+                         check_cache (a cache built for this model)                              [00, 01]
     tokenizer.py         byte-level BPE with byte-exact round trips                               [00, 01]
     checkpoint.py        load_model(): verified safetensors checkpoints (in checkpoints/)         [00]
     token_healing.py     the prompt boundary: back up the last token, re-choose it within its bytes [01]
@@ -17,7 +17,8 @@ Modules, one job each (chapter in brackets). At the top, the inference code a le
     generate.py          prefill / decode_one_token / generate (the one decode loop),
                          generate_without_cache, generate_sliding_window                          [04, 05]
     stopping.py          stop conditions: end-of-text, stop sequences and strings, loops          [04]
-    kv_cache.py          preallocated key/value buffers written by position                       [05]
+    kv_cache.py          preallocated key/value buffers written by position; the cache contract
+                         every cache keeps (layer(i).update, commit, truncate, reset)            [05]
     sliding_window.py    a rolling KV cache; SinkKVCache keeps attention sinks                    [05, 08]
     fast_decode.py       a compiled, static-shape decode step (CUDA graphs on a GPU)              [07]
     compiling.py         torch.compile's plumbing for it: cache folder, options, warm-up          [07]
@@ -39,6 +40,7 @@ Shared by all of them:
     paths.py             where every file lives: checkpoints, data, figures, the caches
     device.py            device choice, and waiting for it before a clock is read
     processes.py         processes we start: a free port, stop by PID, a child that dies with its parent
+    nf4.py               the NF4 codebook from normal quantiles, quantize and dequantize by hand       [11]
     progress.py          progress bars whose stored notebook text is the finished bar
     bench/               python -m helpers.bench: every speed claim as a measured ratio, one
                          module per group of rows, llama.cpp on the same weights                 [BENCHMARKS.md]
@@ -50,14 +52,17 @@ Three wings, each a folder with its own map in its __init__.py:
                          layer and attention maps, chapter 05's allocation simulator, exercises/
 
 How the modules depend on each other (A above B when A imports B; nothing imports upwards, no cycles).
-Counting each folder as one unit, the package and scripts/ make 32 units on 6 levels joined by 99 imports:
-    level 1  model (it states the cache contract), tokenizer, sampling, stopping, regex_automaton,
-             device, progress, paths: import nothing of the package
-    level 2  kv_cache, sliding_window, checkpoint, data, quantize/, grammar, hf, compiling
+Counting each folder as one unit, the package, scripts/ and .ci/ make 34 units on 7 levels joined by 110
+imports:
+    level 1  model, tokenizer, sampling, stopping, regex_automaton, nf4, device, processes, progress,
+             paths: import nothing of the package
+    level 2  kv_cache (the cache contract: commit, truncate, reset), sliding_window, checkpoint, data,
+             quantize/, grammar, hf, compiling
     level 3  generate, int8_kv, export_gguf, train_tokenizer, measure/
-    level 4  fast_decode, beam_search, token_healing, train, parallel/, serving/, this file
-    level 5  speculative/, course/, scripts/
-    level 6  bench/: it times everything below it
+    level 4  fast_decode, beam_search, token_healing, train, parallel/, this file
+    level 5  speculative/, serving/
+    level 6  course/
+    level 7  bench/ (it times everything below it), scripts/
 The largest modules are model.py and fast_decode.py (about 400 lines each); speculative/, quantize/
 and bench/ are folders of modules under 330 lines. Inside the wings: course/ has one
 import between its modules (notebook setup uses plotting's style), parallel/ two (both parallel schemes
