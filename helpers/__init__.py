@@ -30,6 +30,7 @@ Modules, one job each (chapter in brackets). At the top, the inference code a le
     grammar.py           automaton -> per-state token masks; GrammarProcessor for generate        [10]
     quantize/            int8 / int4 by hand (arithmetic), layers on torch's real kernels
                          (linear, dynamic), a whole model (__init__)                              [11]
+    nf4.py               the NF4 codebook from normal quantiles; quantize and dequantize by hand   [11]
     speculative/         speculative sampling: the rule, the loop, a round as one compiled graph,
                          prompt lookup, exactness tests                                           [12]
     serving/             continuous batching: paged KV blocks, scheduler, prefix caching,
@@ -40,7 +41,6 @@ Shared by all of them:
     paths.py             where every file lives: checkpoints, data, figures, the caches
     device.py            device choice, and waiting for it before a clock is read
     processes.py         processes we start: a free port, stop by PID, a child that dies with its parent
-    nf4.py               the NF4 codebook from normal quantiles, quantize and dequantize by hand       [11]
     progress.py          progress bars whose stored notebook text is the finished bar
     bench/               python -m helpers.bench: every speed claim as a measured ratio, one
                          module per group of rows, llama.cpp on the same weights                 [BENCHMARKS.md]
