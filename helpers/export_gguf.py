@@ -187,7 +187,9 @@ def quantize_gguf(src, dst, file_type: str, threads: int | None = None) -> Path:
 
 @contextlib.contextmanager
 def native_output_silenced():
-    """Point file descriptors 1 and 2 at /dev/null meanwhile: what C code prints goes, Python's own is kept."""
+    """Silence what llama.cpp prints meanwhile: file descriptors 1 and 2 point at /dev/null (C code's own
+    writes), and so do Python's sys.stdout and sys.stderr (llama-cpp-python forwards llama.cpp's log through
+    a Python callback that writes to sys.stderr, which a notebook kernel shows as cell output)."""
     sys.stdout.flush()
     sys.stderr.flush()
     saved = [os.dup(1), os.dup(2)]
@@ -195,7 +197,8 @@ def native_output_silenced():
         os.dup2(null.fileno(), 1)
         os.dup2(null.fileno(), 2)
         try:
-            yield
+            with contextlib.redirect_stdout(null), contextlib.redirect_stderr(null):
+                yield
         finally:
             os.dup2(saved[0], 1)
             os.dup2(saved[1], 2)

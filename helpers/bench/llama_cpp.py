@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..measure.evaluate import token_byte_lengths
 from ..measure.timing import median, time_interleaved
 from .rows import Row, ratios
 
@@ -161,7 +162,6 @@ def rows_same_weights(model, tok, label: str, n_new: int, repeats: int, progress
     from ..generate import prefill
     from ..kv_cache import KVCache
     from ..measure.calibration import calibrate
-    from ..measure.evaluate import token_byte_lengths
     from ..measure.flops import forward_flops
 
     device = model.device
@@ -228,3 +228,27 @@ def rows_same_weights(model, tok, label: str, n_new: int, repeats: int, progress
                 progress()
             del ours
     return rows, lines
+
+
+def quality_same_weights(model, tok, n_windows: int = 2, length: int = 512) -> tuple[list[tuple], str]:
+    """Quality of every format of ours beside llama.cpp's, on the same weights and the same held-out windows,
+    without timing anything (a chapter cell can afford it: a few seconds for the course model).
+    Returns ([(format, ours Quality, llama.cpp file type, llama.cpp Quality)], '') or ([], why skipped).
+    Agreement is top-1 against our fp32 logits. Left out: speed (rows_same_weights times it)."""
+    missing = llama_cpp_missing()
+    if missing:
+        return [], missing
+    ws = held_out_windows(tok, n_windows, length)
+    byte_lengths = token_byte_lengths(tok)
+    out, reference = [], None
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = export_formats(model, tok, tmp, name="course")
+        for fmt, (_, _, file_type) in FORMATS.items():
+            ours = our_variant(model, fmt)
+            q_ours, top = quality_of(our_logits_fn(ours), ws, byte_lengths, reference)
+            reference = reference or top
+            scorer = open_llama(paths[file_type], length + 8, logits_all=True)
+            q_theirs, _ = quality_of(llama_logits_fn(scorer), ws, byte_lengths, reference)
+            del scorer, ours
+            out.append((fmt, q_ours, file_type, q_theirs))
+    return out, ""
