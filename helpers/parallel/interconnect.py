@@ -32,8 +32,6 @@ from ..measure.flops import weight_bytes
 from ..model import ModelConfig
 from ..paths import SPEC_SHEETS
 
-GB = 1e9
-
 
 @dataclass(frozen=True)
 class Link:
