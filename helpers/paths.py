@@ -4,7 +4,8 @@
     CHECKPOINTS / "target.safetensors"      # a shipped checkpoint
     figures_dir() / "05_paged_kv.png"       # where this run's figures go
 
-What is committed: `CHECKPOINTS` (helpers/checkpoints/: weights, tokenizer, MANIFEST.json), `DATA`
+What is committed: `CHECKPOINTS` (helpers/checkpoints/: weights, tokenizer, MANIFEST.json), `SPEC_SHEETS`
+(the published link and GPU figures helpers.parallel.interconnect reads), `DATA`
 (data/validation.txt.gz, the held-out text every chapter measures), `COMMITTED_FIGURES` (figures/).
 What a run makes, all under the untracked `CACHE` (.cache/): token arrays of the corpus, inductor's
 generated code (`INDUCTOR_CACHE`, one folder per instruction set: fast_decode.inductor_cache_dir says
@@ -22,6 +23,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent  # helpers/
 REPO = PACKAGE.parent  # the checkout: notebooks/, figures/, data/, helpers/
 CHECKPOINTS = PACKAGE / "checkpoints"  # shipped with the package (package data)
+SPEC_SHEETS = PACKAGE / "parallel" / "spec_sheets.toml"  # published link and GPU figures (package data)
 DATA = REPO / "data"
 COMMITTED_FIGURES = REPO / "figures"
 RUNS = REPO / "runs"

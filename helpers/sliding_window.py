@@ -74,12 +74,37 @@ class RollingLayerCache:
         return k_all, v_all
 
 
-class RollingKVCache:
+class WindowSlots:
+    """What both window caches share: (L, B, Hkv, slots, D) key and value buffers allocated once, and one
+    view of them per layer for the attention to write through."""
+    k: torch.Tensor
+    v: torch.Tensor
+    _layers: list
+    sizes: tuple[str, ...]  # the attributes that set the number of slots, as the repr shows them
+    counter: str  # the attribute that counts the positions fed so far
+
+    def layer(self, i: int):
+        return self._layers[i]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes allocated for keys and values: fixed by the slots, however long the sequence."""
+        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+
+    def __repr__(self):
+        L, B, Hkv, _, D = self.k.shape  # (L, B, Hkv, slots, D)
+        sizes = ", ".join(f"{name}={getattr(self, name)}" for name in self.sizes)
+        return (f"{type(self).__name__}(layers={L}, batch={B}, kv_heads={Hkv}, {sizes}, head_dim={D}, "
+                f"dtype={self.k.dtype}, {self.counter}={getattr(self, self.counter)}, nbytes={self.nbytes:,})")
+
+
+class RollingKVCache(WindowSlots):
     """Key/value slots for the last `window` positions of every layer: (L, B, Hkv, W, D) each.
 
     Keeps the cache contract (kv_cache.PositionalCache): `length` counts the positions seen so far (the next
     token goes to position `length`), `max_seq_len` is the position limit (the model's context window).
     """
+    sizes, counter = ("window",), "length"
 
     def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, window: int, head_dim: int,
                  max_seq_len: int, dtype=torch.float32, device=None, model_cfg=None):
@@ -107,9 +132,6 @@ class RollingKVCache:
         positions with this cache, and refuses any other attn_window (the older keys are gone)."""
         return self.window
 
-    def layer(self, i: int) -> RollingLayerCache:
-        return self._layers[i]
-
     def commit(self, end: int) -> None:
         """Positions up to end - 1 have been seen (the slots keep the last `window` of them)."""
         if not self.length <= end <= self.max_seq_len:
@@ -119,16 +141,6 @@ class RollingKVCache:
 
     def reset(self) -> None:
         self.length = 0
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes allocated for keys and values: fixed by the window, whatever the sequence length."""
-        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
-
-    def __repr__(self):
-        L, B, Hkv, W, D = self.k.shape
-        return (f"RollingKVCache(layers={L}, batch={B}, kv_heads={Hkv}, window={W}, head_dim={D}, "
-                f"dtype={self.k.dtype}, length={self.length}, nbytes={self.nbytes:,})")
 
 
 class SinkLayerCache:
@@ -165,13 +177,14 @@ class SinkLayerCache:
         return k_all, self.v[:, :, :n]
 
 
-class SinkKVCache:
+class SinkKVCache(WindowSlots):
     """The first `n_sink` positions for good plus a rolling window of the last `window`: StreamingLLM.
 
     Duck-types KVCache for `Transformer.forward`, with positions counted inside the cache: `length`
     is the cache position of the next token (it stops growing at n_sink + window - 1 once the cache is
     full) and `seen` counts every token fed so far. Use it without `attn_window`.
     """
+    sizes, counter = ("n_sink", "window"), "seen"
 
     def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, n_sink: int, window: int, head_dim: int,
                  rope_cos: torch.Tensor, rope_sin: torch.Tensor, dtype=torch.float32, device=None, model_cfg=None):
@@ -211,18 +224,5 @@ class SinkKVCache:
             raise ValueError(f"a sink cache cannot roll back (length {self.length} -> {end}); use reset()")
         self.seen += end - self.length
 
-    def layer(self, i: int) -> SinkLayerCache:
-        return self._layers[i]
-
     def reset(self) -> None:
         self.seen = 0
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes allocated for keys and values: fixed by n_sink + window, however long the stream."""
-        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
-
-    def __repr__(self):
-        L, B, Hkv, C, D = self.k.shape
-        return (f"SinkKVCache(layers={L}, batch={B}, kv_heads={Hkv}, n_sink={self.n_sink}, window={self.window}, "
-                f"head_dim={D}, dtype={self.k.dtype}, seen={self.seen}, nbytes={self.nbytes:,})")

@@ -3,7 +3,8 @@ of a tensor-parallel decode step on them.
 
 Every hardware figure here is PUBLISHED, NOT MEASURED: copied as the vendor's spec sheet states it
 (`stated`), with the document named (`source`), and turned into bytes per second per direction by the
-one rule written next to it. Nothing here was run on that hardware.
+one rule written next to it. The figures are a table of data, spec_sheets.toml beside this module, read
+into LINKS and GPUS at import. Nothing here was run on that hardware.
 
 The cost model of one all-reduce of `payload` bytes over `p` ranks is the ring algorithm: a
 reduce-scatter and an all-gather, 2 (p - 1) steps, each moving payload / p bytes over every link at
@@ -22,14 +23,14 @@ them), overlap of communication with compute, congestion, prices.
 """
 from __future__ import annotations
 
+import tomllib
 from dataclasses import dataclass
 
 import torch
 
 from ..measure.flops import weight_bytes
 from ..model import ModelConfig
-
-GB = 1e9
+from ..paths import SPEC_SHEETS
 
 
 @dataclass(frozen=True)
@@ -52,37 +53,22 @@ class GPU:
     source: str
 
 
-LINKS: dict[str, Link] = {
-    "nvlink-h100": Link("NVLink", "NVLink: 900GB/s", 450 * GB,
-                        "900 GB/s counts both directions: 450 GB/s each way",
-                        "NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column"),
-    "pcie5": Link("PCIe Gen5 x16", "PCIe Gen5: 128GB/s", 64 * GB,
-                  "128 GB/s counts both directions: 64 GB/s each way",
-                  "NVIDIA H100 Tensor Core GPU datasheet"),
-    "pcie4-l40s": Link("PCIe Gen4 x16", "PCIe Gen4 x16: 64GB/s bidirectional", 32 * GB,
-                       "64 GB/s bidirectional: 32 GB/s each way",
-                       "NVIDIA L40S datasheet (it also states: NVLink support: No)"),
-    "nvlink5-b200": Link("NVLink 5", "NVLink: 14.4TB/s aggregate bandwidth (8 GPUs)", 900 * GB,
-                         "14.4 TB/s over 8 GPUs is 1.8 TB/s per GPU, both directions: 900 GB/s each way",
-                         "NVIDIA DGX B200 datasheet"),
-    "network-400g": Link("400 Gb/s network", "up to 400Gb/s (NDR InfiniBand / 400GbE)", 50 * GB,
-                         "400 gigabits per second per direction / 8 bits per byte = 50 GB/s each way",
-                         "NVIDIA ConnectX-7 adapter documentation"),
-}
+def load_spec_sheets(path=SPEC_SHEETS) -> tuple[dict[str, Link], dict[str, GPU]]:
+    """The links and GPUs of the spec-sheet table (spec_sheets.toml), in its order. A GPU figure stated for a
+    whole system (`stated_for_gpus` = n) is divided by n, so every GPU's memory and bandwidth are its own."""
+    with open(path, "rb") as f:
+        sheets = tomllib.load(f)
+    links = {key: Link(**fields) for key, fields in sheets["links"].items()}
+    gpus = {}
+    for name, fields in sheets["gpus"].items():
+        fields = dict(fields)
+        n = fields.pop("stated_for_gpus", 1)
+        gpus[name] = GPU(name, memory_bytes=fields.pop("memory_bytes") / n,
+                         memory_bytes_per_s=fields.pop("memory_bytes_per_s") / n, **fields)
+    return links, gpus
 
-GPUS: dict[str, GPU] = {
-    "H100 SXM": GPU("H100 SXM", 80 * GB, 3.35e12, 700, "nvlink-h100",
-                    "80GB; 3.35TB/s; up to 700W", "NVIDIA H100 Tensor Core GPU datasheet"),
-    "L40S": GPU("L40S", 48 * GB, 864 * GB, 350, "pcie4-l40s",
-                "48GB GDDR6 with ECC; 864GB/s; 350W", "NVIDIA L40S datasheet"),
-    "H200 SXM": GPU("H200 SXM", 141 * GB, 4.8e12, 700, "nvlink-h100",
-                    "141GB; 4.8TB/s; up to 700W; NVLink: 900GB/s",
-                    "NVIDIA H200 Tensor Core GPU datasheet, H200 SXM column (NVLink as the H100's)"),
-    "B200": GPU("B200", 1440 / 8 * GB, 64e12 / 8, 1000, "nvlink5-b200",
-                "1,440GB total GPU memory; 64TB/s HBM3e bandwidth (8 GPUs); 1,000W per GPU",
-                "NVIDIA DGX B200 datasheet (totals for 8 GPUs, divided by 8); 1,000 W: NVIDIA HGX B200 "
-                "specification"),
-}
+
+LINKS, GPUS = load_spec_sheets()
 
 
 @dataclass(frozen=True)

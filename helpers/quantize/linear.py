@@ -65,17 +65,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import arithmetic  # the functions by hand, called once each below
-from .arithmetic import (
-    FLOAT_FORMATS,
-    KERNEL_GROUP_SIZES,
-    KERNELS,
-    METHODS,
-    ROW_SPLIT,
-    STORAGE_DTYPE,
-    check_group_size,
-    check_weight,
-)
+from . import arithmetic  # the functions by hand and the tables of formats and kernels, each named where used
 from .dynamic import dynamic_weight_bits, prepack_dynamic
 
 
@@ -104,7 +94,7 @@ def available_kernels(method: str, device) -> list[str]:
     """Kernels QuantizedLinear can use for `method` on `device` (besides "auto")."""
     device = torch.device(device)
     out = ["reference"]
-    if method in FLOAT_FORMATS:  # no library kernel multiplies 16-bit weights by float32 activations
+    if method in arithmetic.FLOAT_FORMATS:  # no library kernel multiplies 16-bit weights by float32 activations
         return out + ["fused_dequant"]
     if method == "int8":
         out.append("int8pack")
@@ -119,14 +109,14 @@ def available_kernels(method: str, device) -> list[str]:
 
 
 def resolve_kernel(method: str, kernel: str, device) -> str:
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}; got {method!r}")
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {KERNELS}; got {kernel!r}")
+    if method not in arithmetic.METHODS:
+        raise ValueError(f"method must be one of {arithmetic.METHODS}; got {method!r}")
+    if kernel not in arithmetic.KERNELS:
+        raise ValueError(f"kernel must be one of {arithmetic.KERNELS}; got {kernel!r}")
     device = torch.device(device)
     available = available_kernels(method, device)
     if kernel == "auto":
-        if method in FLOAT_FORMATS:
+        if method in arithmetic.FLOAT_FORMATS:
             return "fused_dequant"
         if method == "int4":
             return "int4pack" if "int4pack" in available else "reference"
@@ -152,20 +142,20 @@ class QuantizedLinear(nn.Module):
 
     def __init__(self, weight: torch.Tensor, method: str = "int8", group_size: int = 64, kernel: str = "auto"):
         super().__init__()
-        check_weight(weight, "weight")
+        arithmetic.check_weight(weight, "weight")
         self.kernel = resolve_kernel(method, kernel, weight.device)
         self.method, self.dtype, self.device_type = method, weight.dtype, weight.device.type
         self.out_features, self.in_features = N, K = weight.shape
         self.group_size = group_size if method == "int4" else None
         w = weight.detach()
-        if method in FLOAT_FORMATS:
+        if method in arithmetic.FLOAT_FORMATS:
             self.weight_bits = 16
-            self.register_buffer("qweight", w.to(FLOAT_FORMATS[method]))  # (N, K): the weight, rounded
+            self.register_buffer("qweight", w.to(arithmetic.FLOAT_FORMATS[method]))  # (N, K): the weight, rounded
             return
         if method == "int8":
             self.weight_bits = dynamic_weight_bits() if self.kernel == "dynamic" else 8
             q, scales = arithmetic.quantize_absmax(w, bits=self.weight_bits, per_channel=True,
-                                                   scale_dtype=STORAGE_DTYPE)  # (N, K), (N, 1)
+                                                   scale_dtype=arithmetic.STORAGE_DTYPE)  # (N, K), (N, 1)
             self.register_buffer("scales", scales.reshape(N))  # (N,) bf16
             if self.kernel == "dynamic":
                 self._packed = prepack_dynamic(q, self.scales)  # fbgemm's own int8 layout (CPU only)
@@ -173,14 +163,15 @@ class QuantizedLinear(nn.Module):
                 self.register_buffer("qweight", q)  # (N, K) int8
             return
         self.weight_bits = 4
-        if group_size not in KERNEL_GROUP_SIZES:
-            raise ValueError(f"group_size must be one of {KERNEL_GROUP_SIZES} for int4; got {group_size!r}")
-        check_group_size(group_size, K)
+        if group_size not in arithmetic.KERNEL_GROUP_SIZES:
+            raise ValueError(f"group_size must be one of {arithmetic.KERNEL_GROUP_SIZES} for int4; got {group_size!r}")
+        arithmetic.check_group_size(group_size, K)
         if K % 32:
             raise ValueError(f"in_features ({K}) must be a multiple of 32 for int4")
         if self.kernel == "int4pack" and self.device_type == "cuda" and N % 8:
             raise ValueError(f"out_features ({N}) must be a multiple of 8 for the CUDA int4 kernel")
-        q, scales, zeros = arithmetic.quantize_groupwise(w, bits=4, group_size=group_size, scale_dtype=STORAGE_DTYPE)
+        q, scales, zeros = arithmetic.quantize_groupwise(w, bits=4, group_size=group_size,
+                                                         scale_dtype=arithmetic.STORAGE_DTYPE)
         if self.kernel == "fused_dequant":
             self.register_buffer("qweight", arithmetic.pack_int4_halves(q, group_size))  # (N, G, g/2) uint8
             self.register_buffer("scales", scales)  # (N, G) bf16
@@ -214,7 +205,7 @@ class QuantizedLinear(nn.Module):
         """The (N, K) matrix this layer multiplies by. For int4 only with kernel="reference" (the
         kernels' tiled layouts are opaque; build a reference layer from the same weight instead)."""
         dtype = dtype or self.dtype
-        if self.method in FLOAT_FORMATS:
+        if self.method in arithmetic.FLOAT_FORMATS:
             return self.qweight.to(dtype)
         if self.method == "int8":
             if self.kernel == "dynamic":
@@ -272,14 +263,14 @@ class QuantizedLinear(nn.Module):
         if torch.compiler.is_compiling():
             x = _materialize(x)  # (..., K): computed once, not once per output row
         x = x.reshape(1, self.in_features)  # (1, K)
-        R = ROW_SPLIT if N % ROW_SPLIT == 0 else 1
+        R = arithmetic.ROW_SPLIT if N % arithmetic.ROW_SPLIT == 0 else 1
         n = N // R
         blocks = [self._fused_dequant_rows(x, slice(r * n, (r + 1) * n)) for r in range(R)]  # R x (n,)
         return torch.cat(blocks).reshape(*lead, N)
 
     def _fused_dequant_rows(self, x: torch.Tensor, rows: slice) -> torch.Tensor:
         """x (1, K) times the dequantized weight's `rows` -> (n,)."""
-        if self.method in FLOAT_FORMATS:
+        if self.method in arithmetic.FLOAT_FORMATS:
             return (x * self.qweight[rows].to(x.dtype)).sum(-1)  # (n, K) -> (n,)
         if self.method == "int8":
             prod = x * self.qweight[rows].to(x.dtype)  # (n, K): never stored once compiled
@@ -296,8 +287,8 @@ class QuantizedLinear(nn.Module):
     def nbytes(self) -> dict:
         """Bytes of the format: codes, scales and zeros (a kernel's tiled layout has the same size)."""
         N, K = self.out_features, self.in_features
-        elem = torch.empty((), dtype=STORAGE_DTYPE).element_size()
-        if self.method in FLOAT_FORMATS:
+        elem = torch.empty((), dtype=arithmetic.STORAGE_DTYPE).element_size()
+        if self.method in arithmetic.FLOAT_FORMATS:
             return {"weights": N * K * self.qweight.element_size(), "scales": 0, "zeros": 0}
         if self.method == "int8":
             return {"weights": N * K, "scales": N * elem, "zeros": 0}

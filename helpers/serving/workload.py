@@ -66,6 +66,12 @@ def percentile(values, q: float) -> float:
     return float(np.percentile(values, q)) if len(values) else float("nan")
 
 
+def percentile_of(samples: str, q: float) -> property:
+    """A read-only property: the q-th percentile of the list the property `samples` returns (nan if empty)."""
+    return property(lambda self: percentile(getattr(self, samples), q),
+                    doc=f"The {q}th percentile of {samples}, in seconds (nan when there are none).")
+
+
 @dataclass
 class RunResult:
     name: str
@@ -95,21 +101,10 @@ class RunResult:
     def itls(self) -> list[float]:
         return [b - a for t in self.token_times for a, b in zip(t, t[1:])]
 
-    @property
-    def ttft_p50(self) -> float:
-        return percentile(self.ttfts, 50)
-
-    @property
-    def ttft_p99(self) -> float:
-        return percentile(self.ttfts, 99)
-
-    @property
-    def itl_p50(self) -> float:
-        return percentile(self.itls, 50)
-
-    @property
-    def itl_p99(self) -> float:
-        return percentile(self.itls, 99)
+    ttft_p50 = percentile_of("ttfts", 50)
+    ttft_p99 = percentile_of("ttfts", 99)
+    itl_p50 = percentile_of("itls", 50)
+    itl_p99 = percentile_of("itls", 99)
 
     def tpots(self) -> list[float]:
         """Each request's mean time per output token after its first: (last - first) / (n - 1)."""

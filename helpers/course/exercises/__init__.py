@@ -12,7 +12,8 @@ A check reads its answer by name from the notebook's namespace (`__main__`, wher
 so a check run before its exercise cell says "run the answer cell above first" instead of failing with a
 NameError; a test passes the answer itself (`ch05.check_1(value)`). A wrong answer raises ExerciseNotRight,
 which a notebook shows as its one-line message, without a traceback through the checker's source (whose
-lines would show the answer). A chapter module defines each `check_N` with `exercise`:
+lines would show the answer). A chapter module defines each `check_N` with `exercise` (and `on_every` where an
+answer is tried on several cases):
 
     def check_1(answer=FROM_NOTEBOOK):
         return exercise("05.1", answer, lambda a: a == kv_cache_bytes(MISTRAL, 1, dtype=torch.bfloat16),
@@ -25,7 +26,8 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
-__all__ = ["FROM_NOTEBOOK", "NOT_ATTEMPTED", "ExerciseNotRight", "exercise", "notebook_answer", "prediction"]
+__all__ = ["FROM_NOTEBOOK", "NOT_ATTEMPTED", "ExerciseNotRight", "exercise", "notebook_answer", "on_every",
+           "prediction"]
 
 NOT_ATTEMPTED = ...  # the placeholder an exercise cell starts with
 
@@ -56,6 +58,16 @@ def notebook_answer(name: str | tuple[str, ...], namespace: dict | None = None):
         return None, missing
     values = tuple(namespace[n] for n in names)
     return (values[0] if len(values) == 1 else values), []
+
+
+def on_every(cases, check: Callable[[Any, Any], None]) -> Callable[[Any], bool]:
+    """An `is_right` for `exercise` that tries the answer on several cases: it calls check(answer, case) for
+    each case, in order, and is right when none raises (check's AssertionError says what went wrong)."""
+    def is_right(answer) -> bool:
+        for case in cases:
+            check(answer, case)
+        return True
+    return is_right
 
 
 def exercise(label: str, answer: Any, is_right: Callable[[Any], Any], hint: str = "",

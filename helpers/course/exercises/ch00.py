@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from ...model import ModelConfig
-from . import FROM_NOTEBOOK, exercise, prediction
+from . import FROM_NOTEBOOK, exercise, on_every, prediction
 
 __all__ = ["ENGLISH", "check_1", "check_2", "check_3"]
 
@@ -26,17 +26,15 @@ def check_1(block_params=FROM_NOTEBOOK) -> None:
     """`block_params(cfg)`: the parameter count of one transformer block, from the config alone."""
     presets = ["target", "draft", "tiny", "llama3-8b"]
 
-    def right(f):
-        for name in presets:
-            cfg = ModelConfig.from_preset(name)
-            got = f(cfg)
-            assert int(got) == block_parameters(cfg), (
-                f"for the {name!r} preset your function gives {int(got):,}, which is not one block's count")
-        return True
+    def right_on(f, name):
+        cfg = ModelConfig.from_preset(name)
+        got = f(cfg)
+        assert int(got) == block_parameters(cfg), (
+            f"for the {name!r} preset your function gives {int(got):,}, which is not one block's count")
 
     cfg = ModelConfig.from_preset("target")
     total = cfg.vocab_size * cfg.d_model + cfg.n_layers * block_parameters(cfg) + cfg.d_model
-    exercise("00.1", block_params, right,
+    exercise("00.1", block_params, on_every(presets, right_on),
              hint="no biases; wqkv is ((n_heads + 2 n_kv_heads) x head_dim, d_model), w_gate_up is (2 d_ff, d_model)",
              notice=(f"one block holds {block_parameters(cfg):,} parameters; {cfg.n_layers} blocks are "
                      f"{cfg.n_layers * block_parameters(cfg) / total:.0%} of the model, the embedding table most of "
@@ -71,14 +69,12 @@ def check_3(model, tok, greedy_next=FROM_NOTEBOOK) -> None:
             logits = model(torch.tensor([tok.encode(prompt, bos=True)], device=model.device))  # (1, T, V)
         return tok.decode([int(logits[0, -1].argmax())])
 
-    def right(f):
-        for prompt in PROMPTS:
-            got = f(prompt)
-            assert isinstance(got, str), f"greedy_next should return the token's text (a str), got {type(got).__name__}"
-            assert got == expected(prompt), f"after {prompt!r} your function returns {got!r}, not the model's favourite"
-        return True
+    def right_on(f, prompt):
+        got = f(prompt)
+        assert isinstance(got, str), f"greedy_next should return the token's text (a str), got {type(got).__name__}"
+        assert got == expected(prompt), f"after {prompt!r} your function returns {got!r}, not the model's favourite"
 
-    exercise("00.3", greedy_next, right,
+    exercise("00.3", greedy_next, on_every(PROMPTS, right_on),
              hint="encode with bos=True, run model(...) once, take argmax of the last position's logits, decode it",
              notice=(f"on {len(PROMPTS)} prompts your function picks what generate() would write first: "
                      "generation is this step in a loop, each new token appended to the input (chapter 04)"),

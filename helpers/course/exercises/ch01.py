@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from . import FROM_NOTEBOOK, exercise, prediction
+from . import FROM_NOTEBOOK, exercise, on_every, prediction
 
 __all__ = ["check_1", "check_2", "check_3"]
 
@@ -50,15 +50,13 @@ def check_2(encode_with_merges=FROM_NOTEBOOK) -> None:
 
     tok = load_tokenizer()
 
-    def right(f):
-        for text in TEXTS:
-            got = list(f(text))
-            assert got == tok.encode(text), (
-                f"on {text!r} you get {len(got)} ids, tok.encode gives {len(tok.encode(text))}"
-                + (" (same count, different ids)" if len(got) == len(tok.encode(text)) else ""))
-        return True
+    def right_on(f, text):
+        got = list(f(text))
+        assert got == tok.encode(text), (
+            f"on {text!r} you get {len(got)} ids, tok.encode gives {len(tok.encode(text))}"
+            + (" (same count, different ids)" if len(got) == len(tok.encode(text)) else ""))
 
-    exercise("01.2", encode_with_merges, right,
+    exercise("01.2", encode_with_merges, on_every(TEXTS, right_on),
              hint="split with SPLIT_PATTERN, list each chunk's UTF-8 bytes, apply every merge in learned order",
              notice=(f"{len(tok.merges):,} merges, applied in the order they were learned, reproduce the tokenizer: "
                      "encoding is training replayed, with no counting left to do"),
