@@ -2,6 +2,7 @@
 
     python -m helpers.serving.bench            # the issue's sizes (several minutes on a 2-core CPU)
     python -m helpers.serving.bench --quick    # smaller workloads, about a minute
+    python -m helpers.serving.bench --only batch_invariance   # one group of rows
 
 Rows (each a ratio measured in this run, next to the course's target):
   paged decode step, batch 32, 512 cached tokens each, blocks scattered at random: blocks read in place
@@ -15,6 +16,9 @@ Rows (each a ratio measured in this run, next to the course's target):
       contiguous max-length (max_seq_len) reservations fit in the same bytes;
   prefix caching: 32 requests sharing a 512-token prefix, Poisson arrivals: TTFT p50 without / with;
   chunked prefill: long prompts arriving while short requests decode: p99 / p50 inter-token latency;
+  batch invariance: the same 64 requests alone and all at once (32 running), outputs that differ, outside
+      and inside Engine(batch_invariant=True) (target 0 in the mode), and the mode's tokens/s against the
+      default's on the busy run, runs interleaved (target >= 0.85x, i.e. at most 15% slower);
   goodput (requests/s meeting a TTFT and a TPOT target) of continuous batching + chunked prefill against
       sequential generate, best over rising Poisson rates (target 4x).
 
@@ -29,6 +33,7 @@ import argparse
 import json
 import time
 
+import numpy as np
 import torch
 
 from .engine import Engine
@@ -141,6 +146,35 @@ def rows_batching(model, tok, quick: bool) -> list[dict]:
     return rows
 
 
+def run_alone(model, workload, **engine_args) -> list[list[int]]:
+    """Each request alone in its own engine (so nothing else is ever in its steps): the outputs."""
+    outputs = []
+    for w in workload:
+        engine = Engine(model, **engine_args)
+        rid = engine.submit(w.prompt, w.max_tokens)
+        engine.run()
+        outputs.append(engine.get(rid).output)
+    return outputs
+
+
+def rows_batch_invariance(model, tok, quick: bool) -> list[dict]:
+    n, out_len = (24, (16, 96)) if quick else (64, (16, 256))
+    wl = make_workload(tok, n, rate=None, prompt_len=(16, 128), output_len=out_len, seed=0)
+    args = dict(num_blocks=1024, max_num_seqs=32)  # 32 * 24 blocks: nobody is preempted
+    runs: dict[bool, list[RunResult]] = {False: [], True: []}
+    for _ in range(2 if quick else 3):  # interleaved, so a slow spell of the machine hits both
+        for inv in (False, True):
+            runs[inv].append(run_engine(Engine(model, batch_invariant=inv, **args), wl, f"invariant={inv}"))
+    tps = {inv: float(np.median([r.throughput for r in rs])) for inv, rs in runs.items()}
+    differ = {inv: sum(a != b for a, b in zip(run_alone(model, wl, batch_invariant=inv, **args), runs[inv][0].outputs))
+              for inv in (False, True)}
+    return [_row(f"batch-invariant mode vs default, tokens/s ({n} req, 32 running)", "default", "invariant",
+                 tps[True] / tps[False], f"{tps[False]:.0f} tok/s", f"{tps[True]:.0f} tok/s", 0.85,
+                 note=f"alone vs busy: {differ[True]} of {n} outputs differ in the mode (target 0), "
+                      f"{differ[False]} of {n} outside it; median of {len(runs[True])} interleaved runs",
+                 same=differ[True] == 0)]
+
+
 def rows_prefix_caching(model, tok, quick: bool) -> list[dict]:
     n = 12 if quick else 32
     wl = make_workload(tok, n, rate=4.0, prompt_len=(16, 64), output_len=(16, 64), seed=1, shared_prefix_len=512)
@@ -201,7 +235,8 @@ def rows_goodput(model, tok, quick: bool) -> list[dict]:
 
 
 def serving_rows(model, tok, quick: bool = False) -> list[dict]:
-    return (rows_paged_step(model, quick) + rows_batching(model, tok, quick) + rows_prefix_caching(model, tok, quick)
+    return (rows_paged_step(model, quick) + rows_batching(model, tok, quick) + rows_batch_invariance(model, tok, quick)
+            + rows_prefix_caching(model, tok, quick)
             + rows_chunked_prefill(model, tok, quick) + rows_goodput(model, tok, quick))
 
 
@@ -210,10 +245,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", help="also write the rows to this file")
+    ap.add_argument("--only", choices=["batch_invariance"], help="run only these rows")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     model, tok = load_model("target")
-    rows = serving_rows(model, tok, args.quick)
+    rows = rows_batch_invariance(model, tok, args.quick) if args.only else serving_rows(model, tok, args.quick)
     for r in rows:
         goal = "" if r["target"] is None else f"target {r['target']:g}"
         same = "" if r["same_output"] is None else ("same tokens" if r["same_output"] else "tokens differ")

@@ -83,14 +83,34 @@ class Engine:
     def __init__(self, model, num_blocks: int, block_size: int = 16, max_num_seqs: int = 32,
                  max_num_batched_tokens: int | None = None, enable_prefix_caching: bool = False,
                  chunked_prefill: bool = True, policy: str = "continuous", step_log: int | None = None,
-                 decode_attention: str | None = None):
+                 decode_attention: str | None = None, batch_invariant: bool = False):
         """policy: "continuous", or "static" (the baseline, static_scheduler.py). step_log: keep the last
         step_log StepRecords in `steps` (None: every one). decode_attention: "in_place" (blocks read where
         they lie), "gather" (a dense copy first), None: the default for this model (model_runner.py). Each
-        parameter is checked (params.py)."""
+        parameter is checked (params.py).
+
+        batch_invariant: True makes a request's logits, and so its greedy tokens, bit for bit the same
+        whatever else runs in its steps (alone, or among max_num_seqs - 1 others), on a given machine.
+        Without it a row's logits can change with its neighbours: the BLAS picks its blocking, and so the
+        order of each dot product's sum, by the number of rows M of the step, and a near-tie then flips a
+        greedy token. How: every matmul runs on tiles of exactly max_num_seqs rows (model_runner.py), a
+        prompt is computed in the same chunks of max_num_batched_tokens - max_num_seqs tokens (the whole
+        prompt without chunked prefill) whatever else runs, a preempted request replays the same pieces
+        (scheduler.py), and attention is one request at a time. Cost: padding rows in steps of fewer than
+        max_num_seqs rows (a tail of few requests, or a request alone), and a prompt chunk that does not fit
+        a step's leftover budget waits a step instead of being cut (helpers/serving/bench.py measures the
+        tokens/s). Left out: the same request on another machine, thread count or torch build (other
+        kernels), another max_num_seqs or max_num_batched_tokens, or with sampling's own randomness shared
+        (a request without a seed draws from torch's global generator, whose state depends on the others);
+        prefix caching and the static policy are refused in this mode (a cached prefix was computed in
+        another request's chunks)."""
         max_num_batched_tokens = params.check_engine_args(
             model, num_blocks, block_size, max_num_seqs, max_num_batched_tokens, enable_prefix_caching,
             chunked_prefill, policy, step_log)
+        fixed_chunk = params.check_batch_invariant(model, batch_invariant, policy, enable_prefix_caching,
+                                                   chunked_prefill, max_num_seqs, max_num_batched_tokens)
+        self.batch_invariant = batch_invariant
+        self.row_tile = max_num_seqs if batch_invariant else None  # every matmul's M in the mode
         self.model, self.block_size, self.step_log = model, block_size, step_log
         if decode_attention is None:
             decode_attention = default_decode_attention(model, block_size)
@@ -102,7 +122,7 @@ class Engine:
         self.pool = BlockPool(num_blocks, enable_prefix_caching)
         args = (self.pool, block_size, max_num_seqs, max_num_batched_tokens, chunked_prefill)
         self.scheduler = StaticScheduler(*args, context_limit=model.cfg.max_seq_len) if policy == "static" \
-            else Scheduler(*args)
+            else Scheduler(*args, fixed_chunk=fixed_chunk)
         self.requests: dict[str, Request] = {}
         self.steps: list[StepRecord] = []
         self.num_steps = 0  # every step so far (the log may keep fewer)
@@ -191,7 +211,8 @@ class Engine:
                                         r.num_computed + s.num_tokens == r.num_tokens,
                                         None if r.finished else r.request_id))  # a padded row's KV is nobody's
         t_chunks = time.perf_counter()
-        logits = forward_step(self.model, self.cache, chunks, self.decode_attention, self.timings)  # (n_sampled, V)
+        logits = forward_step(self.model, self.cache, chunks, self.decode_attention, self.timings,
+                              self.row_tile)  # (n_sampled, V)
         t_forward = time.perf_counter()
         sampled = [s.request for s, c in zip(scheduled, chunks) if c.want_logits]
         tokens = self._sample(sampled, logits)

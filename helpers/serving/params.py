@@ -97,6 +97,29 @@ def check_engine_args(model, num_blocks, block_size, max_num_seqs, max_num_batch
     return max_num_batched_tokens
 
 
+def check_batch_invariant(model, batch_invariant, policy, enable_prefix_caching, chunked_prefill, max_num_seqs,
+                          max_num_batched_tokens) -> int | None:
+    """Check Engine(batch_invariant=...) against the other parameters; returns the scheduler's fixed prompt
+    chunk in the mode (None outside it)."""
+    check_flag("batch_invariant", batch_invariant)
+    if not batch_invariant:
+        return None
+    if policy != "continuous":
+        raise InvalidParameter("batch_invariant", f"batch_invariant=True needs policy='continuous'; got {policy!r}")
+    if enable_prefix_caching:
+        raise InvalidParameter("batch_invariant", "batch_invariant=True cannot be combined with "
+                                                  "enable_prefix_caching=True: a cached prefix was computed in "
+                                                  "another request's steps")
+    if not chunked_prefill:
+        return model.cfg.max_seq_len  # a whole prompt in one piece (check_engine_args: it fits the budget)
+    if max_num_batched_tokens <= max_num_seqs:
+        raise InvalidParameter("max_num_batched_tokens",
+                               f"batch_invariant=True with chunked prefill needs max_num_batched_tokens "
+                               f"({max_num_batched_tokens}) > max_num_seqs ({max_num_seqs}): a prompt chunk of "
+                               f"their difference must fit beside max_num_seqs - 1 decoding requests")
+    return max_num_batched_tokens - max_num_seqs
+
+
 def _device_memory(device) -> int | None:
     """Bytes of memory on `device` (physical memory for the CPU); None where it cannot be read."""
     device = torch.device(device)

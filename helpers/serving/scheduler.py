@@ -21,6 +21,13 @@ always fits, as `Engine.submit` refuses a request whose KV could not fit the poo
 budget first, so every step computes at least one of its tokens. A request that is oldest stays so until
 it ends, so `run()` ends within sum(prompt tokens + max_tokens) steps over all requests.
 
+Fixed chunks (`fixed_chunk=n`, the engine's batch-invariant mode): a request's tokens are computed in the
+same pieces whatever else runs, so its arithmetic never depends on its neighbours: its prompt in chunks
+of n from position 0 (the last one ending at the prompt's end), then one token a step; a piece that does
+not fit this step's budget waits for a later step instead of being cut. A preempted request replays the
+same pieces (its generated tokens one a step again), so its recomputed keys and values are bit for bit
+the ones it had.
+
 static_scheduler.py holds the baseline continuous batching replaces (`policy="static"`).
 
 Out of scope (vLLM has them): priorities and fairness, swapping to CPU instead of recompute, a free-block
@@ -47,10 +54,11 @@ class Scheduler:
     request_type = Request
 
     def __init__(self, pool: BlockPool, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
-                 chunked_prefill: bool = True):
+                 chunked_prefill: bool = True, fixed_chunk: int | None = None):
         self.pool, self.block_size = pool, block_size
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.chunked_prefill = chunked_prefill
+        self.fixed_chunk = fixed_chunk  # None, or the prompt chunk of the batch-invariant mode
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order: the last one is preempted first
         self.num_preemptions = 0
@@ -102,7 +110,11 @@ class Scheduler:
             n_hit, hit_blocks_free = self._peek_prefix(r)
             computed = n_hit * self.block_size
             n = r.num_tokens - computed
-            if self.chunked_prefill:
+            if self.fixed_chunk is not None:
+                n = self._fixed_piece(r, computed)
+                if n > budget:
+                    break
+            elif self.chunked_prefill:
                 n = min(n, budget)
             elif n > budget:
                 break
@@ -129,9 +141,18 @@ class Scheduler:
 
     def _tokens_to_compute(self, r: Request, budget: int) -> int:
         left = r.num_tokens - r.num_computed  # 1 when decoding; more while (re)prefilling
+        if self.fixed_chunk is not None:
+            n = self._fixed_piece(r, r.num_computed)
+            return n if n <= budget else 0
         if self.chunked_prefill:
             return min(left, budget)
         return left if left <= budget else 0
+
+    def _fixed_piece(self, r: Request, computed: int) -> int:
+        """The next piece of r in the fixed-chunk order: a prompt chunk (chunk boundaries at multiples of
+        fixed_chunk, the last at the prompt's end), or one token past the prompt."""
+        in_prompt = len(r.prompt) - computed
+        return min(self.fixed_chunk, in_prompt) if in_prompt > 0 else 1
 
     def _peek_prefix(self, r: Request) -> tuple[int, int]:
         """(cached full blocks at the start of r's tokens, how many of them are free now). At least one
