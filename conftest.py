@@ -45,6 +45,18 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+class LogitRecorder:
+    """A logits processor that keeps every row it sees (and changes nothing): the serving tests compare
+    them bit for bit."""
+
+    def __init__(self):
+        self.rows = []
+
+    def __call__(self, ids, logits):
+        self.rows.append(logits[0].clone())
+        return logits
+
+
 def random_model(cfg: ModelConfig, seed: int = 0, std: float = 0.1, dtype=torch.float32) -> Transformer:
     """A model with larger-than-init random weights, so its next-token distributions are peaked
     (at the default init all logits are nearly equal and argmax comparisons would test noise)."""

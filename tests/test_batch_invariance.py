@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import LogitRecorder
 
 from helpers import load_model
 from helpers.serving import Engine
@@ -18,17 +19,6 @@ from helpers.serving.workload import make_workload
 
 MAX_SEQS = 8
 BUSY_BLOCKS = 24  # 384 token slots for 8 running requests of up to 152 tokens: some are preempted
-
-
-class LogitRecorder:
-    """A logits processor that keeps every row it sees (and changes nothing)."""
-
-    def __init__(self):
-        self.rows = []
-
-    def __call__(self, ids, logits):
-        self.rows.append(logits[0].clone())
-        return logits
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ import random
 
 import pytest
 import torch
+from conftest import LogitRecorder
 
 from helpers import generate, load_model
 from helpers.sampling import SamplingConfig
@@ -40,17 +41,6 @@ def model_and_prompts():
     prompts += [shared + ids[1000 + 9 * j:1000 + 9 * j + 5 + j] for j in range(4)]
     refs = [generate(model, p, N_NEW)[0, len(p):].tolist() for p in prompts]
     return model, prompts, refs
-
-
-class LogitRecorder:
-    """A logits processor that keeps every row it sees (and changes nothing)."""
-
-    def __init__(self):
-        self.rows = []
-
-    def __call__(self, ids, logits):
-        self.rows.append(logits[0].clone())
-        return logits
 
 
 def check_against_reference(model, prompts, refs, outputs, recorders):
