@@ -100,8 +100,11 @@ from .generate import generate as generate_loop
 from .generate import prepare_generation
 from .kv_cache import KVCache
 from .model import Attention
+from .row_sums import RowSumLinear
 from .sampling import SamplingConfig
 from .stopping import stop_checker
+
+GEMVS = ("sums", "library")  # how a compiled batch-1 step multiplies one row by a projection (see the docstring)
 
 
 def compile_available() -> bool:
@@ -157,16 +160,36 @@ def _share_tree(module: nn.Module) -> nn.Module:
     return twin
 
 
-def decode_copy(model: nn.Module, *, input_major: bool, static_attention: str) -> nn.Module:
-    """The model FastGenerator decodes with: a tree sharing `model`'s tensors (projections copied
-    transposed if input_major), whose attention modules attend with `static_attention` on the static path
-    ("sdpa" or "sums", see model.attention_as_sums). `model` itself is not changed."""
+def decode_copy(model: nn.Module, *, input_major: bool, static_attention: str, gemv: str = "library") -> nn.Module:
+    """The model FastGenerator decodes with: a tree sharing `model`'s tensors, whose bias-free nn.Linear
+    layers multiply one row as `gemv` says ("sums": RowSumLinear, the weight shared; "library": torch's
+    kernel, over a transposed copy if input_major) and whose attention modules attend with
+    `static_attention` on the static path ("sdpa" or "sums", see model.attention_as_sums). `model` itself
+    is not changed."""
     if static_attention not in ("sdpa", "sums"):
         raise ValueError(f"static_attention must be 'sdpa' or 'sums'; got {static_attention!r}")
-    twin = input_major_copy(model) if input_major else _share_tree(model)
+    if gemv not in GEMVS:
+        raise ValueError(f"gemv must be one of {GEMVS}; got {gemv!r}")
+    if gemv == "sums" and input_major:
+        raise ValueError("input_major is a layout for torch's kernel (gemv='library'); gemv='sums' reads "
+                         "nn.Linear's own (out, in) weight")
+    if gemv == "sums":
+        twin = row_sums_copy(model)
+    else:
+        twin = input_major_copy(model) if input_major else _share_tree(model)
     for module in twin.modules():
         if isinstance(module, Attention):
             module.static_attention = static_attention
+    return twin
+
+
+def _with_linears_as(model: nn.Module, layer) -> nn.Module:
+    """The model with every bias-free nn.Linear replaced by layer(its weight); the rest is shared."""
+    twin = _share_tree(model)
+    for parent in twin.modules():
+        for name, child in parent._modules.items():
+            if type(child) is nn.Linear and child.bias is None:
+                parent._modules[name] = layer(child.weight)
     return twin
 
 
@@ -174,12 +197,13 @@ def input_major_copy(model: nn.Module) -> nn.Module:
     """The model with every nn.Linear replaced by an InputMajorLinear of the same weight; embeddings,
     norms and RoPE tables are shared with `model`, the projections are copied (transposed). Layers that
     are not nn.Linear (quantized ones, for example) are kept as they are."""
-    twin = _share_tree(model)
-    for parent in twin.modules():
-        for name, child in parent._modules.items():
-            if type(child) is nn.Linear and child.bias is None:
-                parent._modules[name] = InputMajorLinear(child.weight)
-    return twin
+    return _with_linears_as(model, InputMajorLinear)
+
+
+def row_sums_copy(model: nn.Module) -> nn.Module:
+    """The model with every nn.Linear replaced by a RowSumLinear of the same weight (row_sums.py); nothing
+    is copied. Layers that are not nn.Linear (quantized ones, for example) are kept as they are."""
+    return _with_linears_as(model, RowSumLinear)
 
 
 class FastGenerator:
@@ -188,17 +212,22 @@ class FastGenerator:
     def __init__(self, model, batch_size: int = 1, max_seq_len: int | None = None, compile: bool = True,
                  mode: str | None = None, cpp_wrapper: bool | None = None, input_major: bool | None = None,
                  static_attention: str | None = None, freeze: bool | None = None,
-                 gemm_autotune: bool = False):
+                 gemm_autotune: bool = False, gemv: str | None = None):
         use_course_compile_cache()  # the on-disk cache folder, set when the first generator is built
         self.model = model.eval()
         # on a CPU, multiply single rows by projections stored (in, out) (several rows, as in prefill, keep
         # nn.Linear's layout), and let the compiled step attend with explicit sums that inductor fuses: see
         # the module docstring
         on_cpu = model.device.type == "cpu"
-        self.input_major = on_cpu if input_major is None else input_major
+        if gemv is None:  # naming a layout or the autotuned GEMM asks for torch's kernel
+            gemv = "sums" if on_cpu and input_major is None and not gemm_autotune else "library"
+        if gemv == "sums" and gemm_autotune:
+            raise ValueError("gemm_autotune times torch's and inductor's GEMMs: it needs gemv='library'")
+        self.gemv = gemv
+        self.input_major = (on_cpu and gemv == "library") if input_major is None else input_major
         self.static_attention = ("sums" if on_cpu else "sdpa") if static_attention is None else static_attention
         self.decode_model = decode_copy(self.model, input_major=self.input_major,
-                                        static_attention=self.static_attention)
+                                        static_attention=self.static_attention, gemv=self.gemv)
         self.cache = KVCache.for_model(model, batch_size=batch_size, max_seq_len=max_seq_len)
         self.compile_seconds = 0.0
         self.compiled = False
@@ -237,6 +266,7 @@ class FastGenerator:
         m = self.model
         what = (f"{m.cfg.to_dict()} B={self.cache.batch_size} S={self.cache.max_seq_len} {m.dtype} {m.device.type} "
                 f"mode={self.mode} cpp_wrapper={self.cpp_wrapper} input_major={self.input_major} "
+                f"{'gemv=sums ' if self.gemv == 'sums' else ''}"
                 f"{'freeze ' if self.freeze else ''}{'gemm_autotune ' if self.gemm_autotune else ''}"
                 f"{'' if self.static_attention == 'sdpa' else 'attention=' + self.static_attention + ' '}"
                 f"torch={torch.__version__}")
