@@ -35,12 +35,13 @@ with ROW_SPLIT independent accumulators. Torch's fp32 matrix-vector kernel read 
 of the rate of a plain streaming sum over them, the generated loop at 1.0x of it (a 5632 x 1024 product,
 six weight copies, one thread, interleaved; 2-core AMD Zen 5 VM shared with other jobs). Over the whole
 step, interleaved on the same VM under load: the course model 1.33x faster than with torch's kernel
-(2.33 against 3.09 ms/token), the 149M random config (bench-150m) 1.30x (107 against 138 ms). It is
-ordinary generated code, no packed or copied weights, so inductor's graph cache keeps it: a new process
-loads the course model's step in 5-11 s (torch's kernel: 5-9 s); the cold compile took 35 s there. Eagerly
-and for several rows (prefill, a verify pass, a batch) the layer calls F.linear on the same weight. The
-opt-in autotuned GEMM below was 1.06-1.11x faster still in the same runs, at 43 s of lowering in every new
-process. `gemv="library"` switches back to torch's kernel.
+(2.33 against 3.09 ms/token), the 149M random config (bench-150m) 1.30x (107 against 138 ms), whose step
+then read its weights at 0.99x of the read-only roof measured between its runs (torch's kernel: 0.59x;
+`python -m helpers.bench --rows bandwidth`). It is ordinary generated code, no packed or copied weights,
+so inductor's graph cache keeps it: a new process loads the course model's step in 5-11 s (torch's
+kernel: 5-9 s); the cold compile took 35 s there. Eagerly and for several rows (prefill, a verify pass, a
+batch) the layer calls F.linear on the same weight. The opt-in autotuned GEMM below was 1.06-1.26x faster
+still in the same runs, at 43 s of lowering in every new process. `gemv="library"` switches back to torch's kernel.
 
 With `gemv="library"` (the default on a GPU) the generator keeps each projection's weight transposed on a
 CPU, (in, out) and contiguous (`input_major_copy`): for a batch-1 step, torch's matrix-vector product over
@@ -62,9 +63,8 @@ static path keeps SDPA.
 On a CPU, what is left between the kernels goes too. `cpp_wrapper` (on by default there) has inductor
 drive its kernels and matmul calls from generated C++ instead of generated Python, and `freeze` (on by
 default for float weights) compiles the weights in as constants, so a step passes 14 tensors (token,
-position, the cache) instead of 55 through torch.compile's wrappers (gemv="library"; 54 with the row sums,
-whose head shares the embedding's tensor). Together about 1.17x on the course model's step (2.14 -> 1.76
-ms, interleaved, same logits, gemv="library"). Inductor's weight prepacking (a
+position, the cache) instead of 55 through torch.compile's wrappers (gemv="library"). Together about 1.17x on
+the course model's step (2.14 -> 1.76 ms, interleaved, same logits, gemv="library"). Inductor's weight prepacking (a
 freezing pass that swaps each matmul for a packed library call) is turned off: it made the step 0.87x.
 The weights are fixed when the step compiles: build a new generator after changing the model.
 Only a model whose tensors all have its own dtype is frozen by default: inductor folds constants
@@ -73,7 +73,7 @@ ahead of time, which turned quantize/'s int8 codes and 16-bit weights back into 
 Opt-in on a CPU, `gemm_autotune=True` (frozen weights, torch's kernels: gemv="library"): inductor prepacks
 the weights and times, for every product, its own generated C++ GEMM (its CPU GEMM template) against the
 library's packed call, keeping the faster. Against torch's kernel it is often much faster (course model,
-one thread, AMD Zen 5 VM: 1.67-1.96x quiet), and it was 1.06-1.11x faster than the generated row sums
+one thread, AMD Zen 5 VM: 1.67-1.96x quiet), and it was 1.06-1.26x faster than the generated row sums
 (above), but it is not the default, for its compile cost, which is not cached: the packed weights
 could not be pickled, so inductor's graph cache was bypassed and a new process lowers the step again
 (course model: 15-43 s, 68 s loaded; 119-326 s cold; the row-sum step: 35 s cold, 5-11 s cached): too
