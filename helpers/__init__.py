@@ -68,6 +68,7 @@ and bench/ are folders of modules under 330 lines. Inside the wings: course/ has
 import between its modules (notebook setup uses plotting's style), parallel/ two (both parallel schemes
 load their model through workers), measure/ three (roofline times with timing; calibration uses both).
 """
+
 from .checkpoint import load_model, load_tokenizer
 from .device import default_device
 from .generate import decode_one_token, generate, generate_without_cache, prefill
@@ -75,5 +76,16 @@ from .kv_cache import KVCache
 from .model import ModelConfig, Transformer
 from .sampling import SamplingConfig
 
-__all__ = ["load_model", "load_tokenizer", "default_device", "generate", "generate_without_cache", "prefill",
-           "decode_one_token", "KVCache", "ModelConfig", "Transformer", "SamplingConfig"]
+__all__ = [
+    "load_model",
+    "load_tokenizer",
+    "default_device",
+    "generate",
+    "generate_without_cache",
+    "prefill",
+    "decode_one_token",
+    "KVCache",
+    "ModelConfig",
+    "Transformer",
+    "SamplingConfig",
+]

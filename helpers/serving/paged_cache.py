@@ -22,14 +22,23 @@ its own count (`Request.num_computed`, what to compute next); tests/test_serving
 
 Out of scope (vLLM has them): quantized (fp8/int8) KV blocks, and CPU swap space.
 """
+
 from __future__ import annotations
 
 import torch
 
 
 class PagedKVCache:
-    def __init__(self, n_layers: int, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int,
-                 dtype=torch.float32, device=None):
+    def __init__(
+        self,
+        n_layers: int,
+        num_blocks: int,
+        block_size: int,
+        n_kv_heads: int,
+        head_dim: int,
+        dtype=torch.float32,
+        device=None,
+    ):
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1; got {value!r}")
