@@ -98,10 +98,9 @@ from .compiling import (  # noqa: F401 (re-exported: chapters, tests and scripts
     warm_compiled,
 )
 from .generate import generate as generate_loop
-from .generate import prepare_generation
+from .generate import generate_options, prepare_generation
 from .kv_cache import KVCache
 from .model import Attention
-from .sampling import SamplingConfig
 from .stopping import stop_checker
 
 
@@ -370,24 +369,17 @@ class FastGenerator:
         return self.compile_seconds
 
     @torch.no_grad()
-    def generate(
-        self,
-        prompt,
-        max_new_tokens: int,
-        *,
-        temperature: float = 0.0,
-        sampling: SamplingConfig | None = None,
-        generator: torch.Generator | None = None,
-        eos_id: int | None = None,
-        stop_sequences=(),
-        stop_criteria=(),
-        logits_processors=(),
-        progress: bool = False,
-    ) -> torch.Tensor:
+    def generate(self, prompt, max_new_tokens: int, **options) -> torch.Tensor:
         """helpers.generate's loop (its stop conditions, logits processors and sampling; penalties excepted)
         on this generator's cache, with the compiled step as its step: (B, T + n_new) token ids. The
-        prompt's prefill runs eagerly (its shape depends on the prompt)."""
-        prompt, sampling = prepare_generation(self.model, prompt, max_new_tokens, sampling, temperature, generator)
+        prompt's prefill runs eagerly (its shape depends on the prompt).
+
+        options: helpers.generate's keywords (temperature, sampling, generator, eos_id, stop_sequences,
+        stop_criteria, logits_processors, progress), with its defaults; not cache or step (this generator's)."""
+        o = generate_options(options, leave_out=("cache", "step"))
+        prompt, sampling = prepare_generation(
+            self.model, prompt, max_new_tokens, o.sampling, o.temperature, o.generator
+        )
         if sampling.repetition_penalty != 1.0 or sampling.presence_penalty or sampling.frequency_penalty:
             raise ValueError("FastGenerator does not apply penalties; use helpers.generate for those")
         B, T = prompt.shape
@@ -398,23 +390,11 @@ class FastGenerator:
                 f"prompt ({T}) + max_new_tokens ({max_new_tokens}) exceeds this generator's "
                 f"max_seq_len={self.cache.max_seq_len}"
             )
-        stop_checker(B, eos_id, stop_sequences, stop_criteria)  # bad stop settings fail before the compile
+        stop_checker(B, o.eos_id, o.stop_sequences, o.stop_criteria)  # bad stop settings fail before the compile
         self.warmup()  # only now: compiling is the slowest part, and bad input should not wait for it
         with contextlib.ExitStack() as later_steps:
-            return generate_loop(
-                self.decode_model,
-                prompt,
-                max_new_tokens,
-                sampling=sampling,
-                generator=generator,
-                eos_id=eos_id,
-                stop_sequences=stop_sequences,
-                stop_criteria=stop_criteria,
-                logits_processors=logits_processors,
-                progress=progress,
-                cache=self.cache,
-                step=self._loop_step(later_steps),
-            )
+            loop_options = {**vars(o), "sampling": sampling, "cache": self.cache, "step": self._loop_step(later_steps)}
+            return generate_loop(self.decode_model, prompt, max_new_tokens, **loop_options)
 
     def _loop_step(self, later_steps: contextlib.ExitStack):
         """helpers.generate's step(model, token, cache) -> logits, over this generator's static step: the

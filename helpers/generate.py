@@ -19,6 +19,9 @@ Out of scope: batching requests of different lengths (continuous batching), beam
 
 from __future__ import annotations
 
+import inspect
+from types import SimpleNamespace
+
 import torch
 
 from .kv_cache import KVCache
@@ -196,31 +199,36 @@ def generate(
     return out[:, : T + n]
 
 
+def generate_options(options: dict, leave_out: tuple[str, ...] = ()) -> SimpleNamespace:
+    """generate()'s keyword arguments `options`, checked by name, with generate()'s defaults for the others:
+    for the entry points that take generate()'s keywords as **options (generate_without_cache,
+    FastGenerator.generate), so that generate()'s signature is the one list of them. A keyword generate()
+    does not take, or one in `leave_out` (what that entry point cannot do), raises TypeError."""
+    params = inspect.signature(generate).parameters.values()
+    known = {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY and p.name not in leave_out}
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise TypeError(f"unexpected keyword argument(s) {unknown}; this call takes {sorted(known)}")
+    return SimpleNamespace(**{**known, **options})
+
+
 @torch.no_grad()
-def generate_without_cache(
-    model,
-    prompt,
-    max_new_tokens: int,
-    *,
-    temperature: float = 0.0,
-    sampling: SamplingConfig | None = None,
-    generator: torch.Generator | None = None,
-    eos_id: int | None = None,
-    stop_sequences=(),
-    progress: bool = False,
-    stop_criteria=(),
-) -> torch.Tensor:
-    """The same loop without a cache: every step runs the model over the whole sequence so far."""
-    prompt, sampling = prepare_generation(model, prompt, max_new_tokens, sampling, temperature, generator)
+def generate_without_cache(model, prompt, max_new_tokens: int, **options) -> torch.Tensor:
+    """The same loop without a cache: every step runs the model over the whole sequence so far.
+
+    options: generate()'s keywords (temperature, sampling, generator, eos_id, stop_sequences, stop_criteria,
+    progress), with its defaults; not cache, step or logits_processors."""
+    o = generate_options(options, leave_out=("cache", "step", "logits_processors"))
+    prompt, sampling = prepare_generation(model, prompt, max_new_tokens, o.sampling, o.temperature, o.generator)
     B, T = prompt.shape
-    stop = stop_checker(B, eos_id, stop_sequences, stop_criteria)
+    stop = stop_checker(B, o.eos_id, o.stop_sequences, o.stop_criteria)
     generated: list[int] = []
     penalised = sampling.repetition_penalty != 1.0 or sampling.presence_penalty or sampling.frequency_penalty
     seq = prompt
-    bar = _progress(max_new_tokens, progress)
+    bar = _progress(max_new_tokens, o.progress)
     for _ in range(max_new_tokens):
         logits = model(seq, last_only=True, check=False)[:, -1, :]  # recompute every position: (B, V)
-        tok = next_token(logits, sampling, generator, seq if penalised else None)
+        tok = next_token(logits, sampling, o.generator, seq if penalised else None)
         seq = torch.cat([seq, tok], dim=1)
         if bar is not None:
             bar.update(1)

@@ -76,6 +76,9 @@ class ModelConfig:
         return replace(cls(), **{**PRESETS[name], **overrides})
 
 
+# what every Llama-3 model shares (their published config.json): the vocabulary, context, 8 KV heads, RoPE base
+LLAMA3_FAMILY = dict(vocab_size=128256, max_seq_len=8192, n_kv_heads=8, rope_theta=500000.0)
+
 # Named configurations (overrides of the defaults above).
 PRESETS: dict[str, dict] = {
     # the course model, shipped trained in helpers/checkpoints/target.safetensors
@@ -86,17 +89,9 @@ PRESETS: dict[str, dict] = {
     "tiny": dict(vocab_size=256, max_seq_len=128, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_ff=128),
     # a random-weight config large enough that batch-1 decode is memory-bound on a CPU
     "bench-150m": dict(n_layers=13, d_model=1024, n_heads=16, n_kv_heads=4, d_ff=2816),
-    # Llama-3-8B's shape, for FLOP and memory accounting (build it on the meta device)
-    "llama3-8b": dict(
-        vocab_size=128256,
-        max_seq_len=8192,
-        n_layers=32,
-        d_model=4096,
-        n_heads=32,
-        n_kv_heads=8,
-        d_ff=14336,
-        rope_theta=500000.0,
-    ),
+    # Llama-3-8B's and Llama-3-70B's shapes, for FLOP and memory accounting (build them on the meta device)
+    "llama3-8b": dict(LLAMA3_FAMILY, n_layers=32, d_model=4096, n_heads=32, d_ff=14336),
+    "llama3-70b": dict(LLAMA3_FAMILY, n_layers=80, d_model=8192, n_heads=64, d_ff=28672),
 }
 
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import torch
 
+from .kv_cache import CacheLayout
 from .model import apply_rope
 
 
@@ -113,44 +114,21 @@ class RollingKVCache(WindowSlots):
 
     sizes, counter = ("window",), "length"
 
-    def __init__(
-        self,
-        n_layers: int,
-        batch_size: int,
-        n_kv_heads: int,
-        window: int,
-        head_dim: int,
-        max_seq_len: int,
-        dtype=torch.float32,
-        device=None,
-        model_cfg=None,
-    ):
+    def __init__(self, layout: CacheLayout, batch_size: int, window: int, max_seq_len: int):
         if not isinstance(window, int) or isinstance(window, bool) or not 1 <= window <= max_seq_len:
             raise ValueError(f"window must be an int in [1, {max_seq_len}] (the context window); got {window!r}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1; got {batch_size}")
-        shape = (n_layers, batch_size, n_kv_heads, window, head_dim)  # (L, B, Hkv, W, D)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        shape = (layout.n_layers, batch_size, layout.n_kv_heads, window, layout.head_dim)  # (L, B, Hkv, W, D)
+        self.k, self.v = layout.buffers(shape)
         self.window, self.batch_size, self.max_seq_len = window, batch_size, max_seq_len
-        self.model_cfg = model_cfg  # the ModelConfig it was built for, as in KVCache (model.check_cache)
+        self.model_cfg = layout.model_cfg  # the ModelConfig it was built for, as in KVCache (model.check_cache)
         self.length = 0
-        self._layers = [RollingLayerCache(self, self.k[i], self.v[i]) for i in range(n_layers)]
+        self._layers = [RollingLayerCache(self, self.k[i], self.v[i]) for i in range(layout.n_layers)]
 
     @classmethod
     def for_model(cls, model, window: int, batch_size: int = 1, dtype=None) -> "RollingKVCache":
-        cfg = model.cfg
-        return cls(
-            cfg.n_layers,
-            batch_size,
-            cfg.n_kv_heads,
-            window,
-            cfg.head_dim,
-            cfg.max_seq_len,
-            dtype=dtype or model.dtype,
-            device=model.device,
-            model_cfg=cfg,
-        )
+        return cls(CacheLayout.of(model, dtype), batch_size, window, model.cfg.max_seq_len)
 
     @property
     def attn_window(self) -> int:
@@ -218,17 +196,12 @@ class SinkKVCache(WindowSlots):
 
     def __init__(
         self,
-        n_layers: int,
+        layout: CacheLayout,
         batch_size: int,
-        n_kv_heads: int,
         n_sink: int,
         window: int,
-        head_dim: int,
         rope_cos: torch.Tensor,
         rope_sin: torch.Tensor,
-        dtype=torch.float32,
-        device=None,
-        model_cfg=None,
     ):
         max_seq_len = rope_cos.shape[0]
         for name, value, low in (("n_sink", n_sink, 0), ("window", window, 1)):
@@ -241,31 +214,17 @@ class SinkKVCache(WindowSlots):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1; got {batch_size}")
         self.n_sink, self.window, self.capacity = n_sink, window, n_sink + window
-        shape = (n_layers, batch_size, n_kv_heads, self.capacity, head_dim)  # (L, B, Hkv, C, D)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        shape = (layout.n_layers, batch_size, layout.n_kv_heads, self.capacity, layout.head_dim)  # (L, B, Hkv, C, D)
+        self.k, self.v = layout.buffers(shape)
         self.rope_cos, self.rope_sin = rope_cos, rope_sin  # (max_seq_len, D): the model's own tables
         self.batch_size, self.max_seq_len = batch_size, max_seq_len
-        self.model_cfg = model_cfg  # see model.check_cache
+        self.model_cfg = layout.model_cfg  # see model.check_cache
         self.seen = 0
-        self._layers = [SinkLayerCache(self, self.k[i], self.v[i]) for i in range(n_layers)]
+        self._layers = [SinkLayerCache(self, self.k[i], self.v[i]) for i in range(layout.n_layers)]
 
     @classmethod
     def for_model(cls, model, n_sink: int, window: int, batch_size: int = 1, dtype=None) -> "SinkKVCache":
-        cfg = model.cfg
-        return cls(
-            cfg.n_layers,
-            batch_size,
-            cfg.n_kv_heads,
-            n_sink,
-            window,
-            cfg.head_dim,
-            model.rope_cos,
-            model.rope_sin,
-            dtype=dtype or model.dtype,
-            device=model.device,
-            model_cfg=cfg,
-        )
+        return cls(CacheLayout.of(model, dtype), batch_size, n_sink, window, model.rope_cos, model.rope_sin)
 
     @property
     def length(self) -> int:

@@ -241,40 +241,16 @@ def sampling_panel(
         _live_panel = None
     style = {"description_width": "90px"}
     layout = w.Layout(width="420px")
+
+    def slider(kind, value, lo, hi, step, description):
+        common = dict(continuous_update=False, style=style, layout=layout)
+        return kind(value=value, min=lo, max=hi, step=step, description=description, **common)
+
     sliders = dict(
-        temperature=w.FloatSlider(
-            value=temperature,
-            min=0.0,
-            max=2.0,
-            step=0.05,
-            description="temperature",
-            continuous_update=False,
-            style=style,
-            layout=layout,
-        ),
-        top_p=w.FloatSlider(
-            value=top_p,
-            min=0.05,
-            max=1.0,
-            step=0.05,
-            description="top-p",
-            continuous_update=False,
-            style=style,
-            layout=layout,
-        ),
-        top_k=w.IntSlider(
-            value=top_k,
-            min=0,
-            max=50,
-            step=1,
-            description="top-k (0: off)",
-            continuous_update=False,
-            style=style,
-            layout=layout,
-        ),
-        seed=w.IntSlider(
-            value=seed, min=0, max=20, step=1, description="seed", continuous_update=False, style=style, layout=layout
-        ),
+        temperature=slider(w.FloatSlider, temperature, 0.0, 2.0, 0.05, "temperature"),
+        top_p=slider(w.FloatSlider, top_p, 0.05, 1.0, 0.05, "top-p"),
+        top_k=slider(w.IntSlider, top_k, 0, 50, 1, "top-k (0: off)"),
+        seed=slider(w.IntSlider, seed, 0, 20, 1, "seed"),
     )
     width_px, height_px = int(PANEL_FIGSIZE[0] * PANEL_DPI), int(PANEL_FIGSIZE[1] * PANEL_DPI)
     status = w.HTML(layout=w.Layout(width=f"{width_px}px", height="1.8em"))

@@ -98,9 +98,8 @@ PUBLISHED_ALLREDUCE_LATENCY: dict[str, PublishedLatency] = {
     ),
 }
 
-# Llama-3-70B's shape (its published config.json), built from the course's Llama-3-8B preset:
-# same vocabulary, context and rotary base, wider and deeper, still 8 key/value heads.
-LLAMA3_70B = ModelConfig.from_preset("llama3-8b", n_layers=80, d_model=8192, n_heads=64, d_ff=28672)
+# Llama-3-70B's shape (its published config.json): the model's "llama3-70b" preset
+LLAMA3_70B = ModelConfig.from_preset("llama3-70b")
 
 
 def _check_positive(name, value) -> None:

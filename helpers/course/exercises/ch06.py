@@ -13,16 +13,7 @@ M2_ULTRA_BANDWIDTH = 800e9  # spec sheet, as in the chapter
 def _llama70b():
     from ...model import ModelConfig
 
-    return ModelConfig(
-        vocab_size=128256,
-        max_seq_len=8192,
-        n_layers=80,
-        d_model=8192,
-        n_heads=64,
-        n_kv_heads=8,
-        d_ff=28672,
-        rope_theta=500000.0,
-    )
+    return ModelConfig.from_preset("llama3-70b")
 
 
 def check_1(answer=FROM_NOTEBOOK):
