@@ -98,9 +98,10 @@ from .compiling import (  # noqa: F401 (re-exported: chapters, tests and scripts
     warm_compiled,
 )
 from .generate import generate as generate_loop
-from .generate import generate_options, prepare_generation
+from .generate import prepare_generation
 from .kv_cache import KVCache
 from .model import Attention
+from .options import keyword_options
 from .stopping import stop_checker
 
 
@@ -376,7 +377,7 @@ class FastGenerator:
 
         options: helpers.generate's keywords (temperature, sampling, generator, eos_id, stop_sequences,
         stop_criteria, logits_processors, progress), with its defaults; not cache or step (this generator's)."""
-        o = generate_options(options, leave_out=("cache", "step"))
+        o = keyword_options(generate_loop, options, leave_out=("cache", "step"))
         prompt, sampling = prepare_generation(
             self.model, prompt, max_new_tokens, o.sampling, o.temperature, o.generator
         )

@@ -19,13 +19,11 @@ Out of scope: batching requests of different lengths (continuous batching), beam
 
 from __future__ import annotations
 
-import inspect
-from types import SimpleNamespace
-
 import torch
 
 from .kv_cache import KVCache
 from .model import check_cache, check_token_ids
+from .options import keyword_options
 from .sampling import SamplingConfig, check_generator, next_token
 from .sliding_window import RollingKVCache
 from .stopping import stop_checker
@@ -199,26 +197,13 @@ def generate(
     return out[:, : T + n]
 
 
-def generate_options(options: dict, leave_out: tuple[str, ...] = ()) -> SimpleNamespace:
-    """generate()'s keyword arguments `options`, checked by name, with generate()'s defaults for the others:
-    for the entry points that take generate()'s keywords as **options (generate_without_cache,
-    FastGenerator.generate), so that generate()'s signature is the one list of them. A keyword generate()
-    does not take, or one in `leave_out` (what that entry point cannot do), raises TypeError."""
-    params = inspect.signature(generate).parameters.values()
-    known = {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY and p.name not in leave_out}
-    unknown = sorted(set(options) - set(known))
-    if unknown:
-        raise TypeError(f"unexpected keyword argument(s) {unknown}; this call takes {sorted(known)}")
-    return SimpleNamespace(**{**known, **options})
-
-
 @torch.no_grad()
 def generate_without_cache(model, prompt, max_new_tokens: int, **options) -> torch.Tensor:
     """The same loop without a cache: every step runs the model over the whole sequence so far.
 
     options: generate()'s keywords (temperature, sampling, generator, eos_id, stop_sequences, stop_criteria,
     progress), with its defaults; not cache, step or logits_processors."""
-    o = generate_options(options, leave_out=("cache", "step", "logits_processors"))
+    o = keyword_options(generate, options, leave_out=("cache", "step", "logits_processors"))
     prompt, sampling = prepare_generation(model, prompt, max_new_tokens, o.sampling, o.temperature, o.generator)
     B, T = prompt.shape
     stop = stop_checker(B, o.eos_id, o.stop_sequences, o.stop_criteria)

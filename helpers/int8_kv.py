@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from .kv_cache import CacheLayout, PositionalCache
+from .cache_layout import CacheLayout
+from .kv_cache import PositionalCache
 from .model import check_cache_size
 
 QMAX = 127  # symmetric int8: -127..127, so that the code of -max|x| is exact too

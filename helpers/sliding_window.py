@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import torch
 
-from .kv_cache import CacheLayout
+from .cache_layout import CacheLayout
 from .model import apply_rope
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..measure.timing import decode_step_seconds, median, time_interleaved, timed
+from ..measure.timing import decode_steps_interleaved, median, time_interleaved, timed
 from .quantized import decode_byte_ratio, time_against_compiled
 from .rows import Row, ratios
 
@@ -126,10 +126,7 @@ def rows_precision(model, big, repeats: int, progress) -> list[Row]:
         return rows
     for label, m in [("course model", model), (f"{big.num_parameters() / 1e6:.0f}M random weights", big)]:
         low = copy.deepcopy(m).to(torch.bfloat16)
-        tb, tc = [], []
-        for _ in range(repeats):
-            tb.append(decode_step_seconds(m))
-            tc.append(decode_step_seconds(low))
+        tb, tc = decode_steps_interleaved([m, low], repeats)
         progress()
         rows.append(
             Row(

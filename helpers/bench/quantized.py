@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..measure.timing import compiled_step_seconds, decode_step_seconds, median
+from ..measure.timing import compiled_step_seconds, decode_step_seconds, decode_steps_interleaved, median
 from .rows import Row, ratios
 
 
@@ -64,22 +64,12 @@ def rows_quantized(model, repeats: int, progress) -> list[Row]:
     rows = []
     for label, method, kernel, target in variants:
         qmodel = quantize_model(model, method, group_size=64, kernel=kernel)
-        tb, tc = [], []
-        for _ in range(repeats):
-            tb.append(decode_step_seconds(model))
-            tc.append(decode_step_seconds(qmodel))
+        tb, tc = decode_steps_interleaved([model, qmodel], repeats)
         progress()
+        shown = [f"{1 / median(t):.1f} tok/s" for t in (tb, tc)]  # each side's median rate, one format
+        note = f"{model.num_parameters() / 1e6:.0f}M random weights"
         rows.append(
-            Row(
-                f"{label} vs {base_name}, batch-1 decode",
-                base_name,
-                label,
-                ratios(tb, tc),
-                f"{1 / median(tb):.1f} tok/s",
-                f"{1 / median(tc):.1f} tok/s",
-                target=target,
-                note=f"{model.num_parameters() / 1e6:.0f}M random weights",
-            )
+            Row(f"{label} vs {base_name}, batch-1 decode", base_name, label, ratios(tb, tc), *shown, target, note)
         )
         del qmodel
     return rows

@@ -11,6 +11,15 @@ from ..measure.timing import median, time_interleaved, timed
 from .rows import Row, ratios
 
 
+def row_against_plain(name, baseline, candidate, tb, tc, n_prompts, n_new, target, same_output, **fields) -> Row:
+    """A row of speculative decoding against plain decoding from their interleaved times (tb, tc: one per
+    generation of n_new tokens, n_prompts per repeat): one ratio per repeat, of its prompts' total times, and
+    each side's throughput in tokens/s."""
+    pairs = [sum(tb[i : i + n_prompts]) / sum(tc[i : i + n_prompts]) for i in range(0, len(tb), n_prompts)]
+    tok_s = [f"{n_new * len(t) / sum(t):.0f} tok/s" for t in (tb, tc)]
+    return Row(name, baseline, candidate, pairs, *tok_s, target=target, same_output=same_output, **fields)
+
+
 def rows_speculative(target, draft, tok, n_new: int, repeats: int, progress) -> list[Row]:
     """Speculative decoding (shipped draft; prompt lookup) against plain cached decoding, on code prompts,
     plus the premise it rests on: scoring gamma + 1 tokens in one pass costs about one decode step."""
@@ -50,24 +59,13 @@ def rows_speculative(target, draft, tok, n_new: int, repeats: int, progress) -> 
                 if temperature == 0:
                     same &= torch.equal(out_b, out_c)
         progress()
-        pairs = [sum(tb[i : i + len(prompts)]) / sum(tc[i : i + len(prompts)]) for i in range(0, len(tb), len(prompts))]
         note = "" if temperature == 0 else "distribution: tests/test_speculative.py"
         if label in stats:  # draft-model rows: how often the draft was right
             st = stats[label]
             note = f"alpha {st.acceptance_rate:.2f}, {st.tokens_per_target_call:.2f} tokens/target call " + note
-        rows.append(
-            Row(
-                label + " vs plain",
-                "plain cached",
-                "speculative",
-                pairs,
-                f"{n_new * len(tb) / sum(tb):.0f} tok/s",
-                f"{n_new * len(tc) / sum(tc):.0f} tok/s",
-                target=target_ratio,
-                same_output=same if temperature == 0 else None,
-                note=note.strip(),
-            )
-        )
+        same_out = same if temperature == 0 else None
+        names = (label + " vs plain", "plain cached", "speculative")
+        rows.append(row_against_plain(*names, tb, tc, len(prompts), n_new, target_ratio, same_out, note=note.strip()))
 
     # the premise: one target pass over gamma + 1 tokens vs one single-token step, at position 64..
     ids = torch.tensor([prompts[0]], device=target.device)
@@ -219,7 +217,6 @@ def rows_speculative_compiled(
                 if temperature == 0:
                     same &= torch.equal(out_b, out_c)
         progress()
-        pairs = [sum(tb[i : i + len(prompts)]) / sum(tc[i : i + len(prompts)]) for i in range(0, len(tb), len(prompts))]
         st = stats[name]
         e = st.tokens_per_target_call
         model_bound, free_verify = e / (v[g] + g * c), e / (1 + g * c)
@@ -238,15 +235,16 @@ def rows_speculative_compiled(
             + f"; {compile_note(temperature)}"
         )
         rows.append(
-            Row(
+            row_against_plain(
                 f"speculative compiled{label}, draft model, {name} vs plain compiled{label}",
                 "plain compiled",
                 "speculative compiled",
-                pairs,
-                f"{n_new * len(tb) / sum(tb):.0f} tok/s",
-                f"{n_new * len(tc) / sum(tc):.0f} tok/s",
-                target=target_ratio,
-                same_output=same if temperature == 0 else None,
+                tb,
+                tc,
+                len(prompts),
+                n_new,
+                target_ratio,
+                same if temperature == 0 else None,
                 note=note,
                 extra={
                     "alpha": st.acceptance_rate,

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ..generate import as_prompt_tensor, generate
+from ..options import keyword_options
 from ..sampling import SamplingConfig, filtered_logits
 
 PANEL_FIGSIZE = (8.5, 3.4)  # inches: the chart the panel shows, drawn by plot_view
@@ -108,16 +109,7 @@ def next_token_logits(model, tok, prompt: str) -> torch.Tensor:
 
 
 def sampling_view(
-    model,
-    tok,
-    prompt: str,
-    temperature: float = 0.8,
-    top_p: float = 0.9,
-    top_k: int = 0,
-    seed: int = 0,
-    max_new_tokens: int = 30,
-    n_bars: int = 24,
-    plot: bool = True,
+    model, tok, prompt: str, temperature=0.8, top_p=0.9, top_k=0, seed=0, max_new_tokens=30, n_bars=24, plot=True
 ) -> SamplingView:
     """Next-token distribution, kept set and a sampled continuation for one setting of the sliders.
 
@@ -208,16 +200,7 @@ def _png(fig) -> bytes:
 _live_panel = None  # the panel this kernel shows now: its model id is PANEL_MODEL_ID, so at most one lives
 
 
-def sampling_panel(
-    model,
-    tok,
-    prompt: str,
-    temperature: float = 0.8,
-    top_p: float = 0.9,
-    top_k: int = 0,
-    seed: int = 0,
-    max_new_tokens: int = 30,
-):
+def sampling_panel(model, tok, prompt: str, max_new_tokens: int = 30, **settings):
     """Sliders (temperature, top-p, top-k, seed) over `sampling_view`: whenever one is released, ONE chart
     image and one text box are updated in place, under a status line that reads "computing..." while the
     new setting is drawn (the old chart stays until the new one is ready). All three have fixed sizes, so
@@ -225,10 +208,14 @@ def sampling_panel(
     windowing can catch half-way).
 
     The panel's plain-text form, and the stand-in a saved notebook keeps (see the module docstring), say
-    how to get the sliders back. Calling it again closes the previous panel (they share one model id)."""
+    how to get the sliders back. Calling it again closes the previous panel (they share one model id).
+
+    settings: where the sliders start, as sampling_view's keywords temperature, top_p, top_k and seed (its
+    defaults for those not given)."""
     import ipywidgets as w
 
     global _live_panel
+    start = keyword_options(sampling_view, settings, take=("temperature", "top_p", "top_k", "seed"))
 
     class SamplingPanel(w.VBox):
         def __repr__(self):
@@ -247,10 +234,10 @@ def sampling_panel(
         return kind(value=value, min=lo, max=hi, step=step, description=description, **common)
 
     sliders = dict(
-        temperature=slider(w.FloatSlider, temperature, 0.0, 2.0, 0.05, "temperature"),
-        top_p=slider(w.FloatSlider, top_p, 0.05, 1.0, 0.05, "top-p"),
-        top_k=slider(w.IntSlider, top_k, 0, 50, 1, "top-k (0: off)"),
-        seed=slider(w.IntSlider, seed, 0, 20, 1, "seed"),
+        temperature=slider(w.FloatSlider, start.temperature, 0.0, 2.0, 0.05, "temperature"),
+        top_p=slider(w.FloatSlider, start.top_p, 0.05, 1.0, 0.05, "top-p"),
+        top_k=slider(w.IntSlider, start.top_k, 0, 50, 1, "top-k (0: off)"),
+        seed=slider(w.IntSlider, start.seed, 0, 20, 1, "seed"),
     )
     width_px, height_px = int(PANEL_FIGSIZE[0] * PANEL_DPI), int(PANEL_FIGSIZE[1] * PANEL_DPI)
     status = w.HTML(layout=w.Layout(width=f"{width_px}px", height="1.8em"))
@@ -265,16 +252,8 @@ def sampling_panel(
             "<b style='color: #b35900'>computing...</b> the chart and text below still show the previous setting"
         )
         try:
-            view = sampling_view(
-                model,
-                tok,
-                prompt,
-                round(values["temperature"], 4),
-                round(values["top_p"], 4),
-                values["top_k"],
-                values["seed"],
-                max_new_tokens=max_new_tokens,
-            )
+            setting = {name: round(v, 4) if isinstance(v, float) else v for name, v in values.items()}
+            view = sampling_view(model, tok, prompt, max_new_tokens=max_new_tokens, **setting)
             chart.value = _png(view.figure)  # the same <img>, new pixels
             summary.value = view.summary_html()
         finally:

@@ -141,14 +141,7 @@ def weight_bytes(cfg: ModelConfig, bits_per_weight: float = 16, tied_embeddings:
     return parameter_count(cfg, tied_embeddings) * bits_per_weight / 8
 
 
-def forward_bytes(
-    cfg: ModelConfig,
-    n_tokens: int,
-    n_past: int = 0,
-    batch_size: int = 1,
-    bytes_per_weight: float = 2,
-    bytes_per_kv: float = 2,
-) -> float:
+def forward_bytes(cfg: ModelConfig, n_tokens: int, n_past=0, batch_size=1, bytes_per_weight=2, bytes_per_kv=2) -> float:
     """The least memory traffic of one forward pass: every matmul weight read once (the output
     head included; the embedding lookup reads only n_tokens rows, ignored), the cached keys/values
     read, and the new ones written. Activations are ignored: at batch 1 they are tiny next to the
@@ -162,18 +155,13 @@ def forward_bytes(
 
 
 def arithmetic_intensity(
-    cfg: ModelConfig,
-    n_tokens: int,
-    n_past: int = 0,
-    batch_size: int = 1,
-    bytes_per_weight: float = 2,
-    bytes_per_kv: float = 2,
-    all_logits: bool = False,
+    cfg: ModelConfig, n_tokens: int, n_past=0, batch_size=1, all_logits=False, **bytes_per
 ) -> float:
     """FLOPs per byte moved (forward_flops / forward_bytes) for one forward pass with causal
-    attention; by default only the last position is scored, as in prefill before generating."""
+    attention; by default only the last position is scored, as in prefill before generating.
+    bytes_per: forward_bytes's bytes_per_weight and bytes_per_kv (2 each unless given)."""
     flops = forward_flops(cfg, n_tokens, n_past, batch_size, all_logits=all_logits)
-    return flops / forward_bytes(cfg, n_tokens, n_past, batch_size, bytes_per_weight, bytes_per_kv)
+    return flops / forward_bytes(cfg, n_tokens, n_past, batch_size, **bytes_per)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -155,6 +155,16 @@ def decode_step_seconds(model, n_steps: int = 16, context: int = 16, seed: int =
     )
 
 
+def decode_steps_interleaved(models, repeats: int) -> list[list[float]]:
+    """decode_step_seconds of each model in turn, `repeats` times (so that a change in the machine's speed
+    hits all of them alike, as in time_interleaved): one list per model."""
+    times = [[] for _ in models]
+    for _ in range(repeats):
+        for model, out in zip(models, times):
+            out.append(decode_step_seconds(model))
+    return times
+
+
 @torch.no_grad()
 def compiled_step_seconds(fast, n_steps: int = 16, context: int = 16, seed: int = 0, warmup: int = 0) -> float:
     """decode_step_seconds for a FastGenerator (fast_decode.py): median seconds of one compiled batch-1 step

@@ -133,9 +133,9 @@ def decode_step_budget(
     gpu: GPU,
     link: Link,
     *,
-    batch_size: int = 1,
-    latency_s: float = 0.0,
-    bytes_per_weight: float = 2,
+    batch_size=1,
+    latency_s=0.0,
+    bytes_per_weight=2,
     dtype=torch.bfloat16,
 ) -> dict:
     """Seconds of one decode step at tensor-parallel `tp_size`, split into

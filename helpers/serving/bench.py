@@ -41,48 +41,28 @@ from .engine import Engine
 from .step_profile import paged_step_seconds
 from .workload import RunResult, make_workload, run_engine, run_sequential
 
+# helpers.bench.Row's fields in its order (the course bench rebuilds its rows with Row(**d)); named here, not
+# imported, because the bench imports this module (nothing below it imports the bench)
+ROW_FIELDS = "name baseline candidate ratios baseline_abs candidate_abs target note same_output extra".split()
+
 
 def _row(name, baseline, candidate, ratio, baseline_abs, candidate_abs, target=None, note="", same=None, **extra):
-    return dict(
-        name=name,
-        baseline=baseline,
-        candidate=candidate,
-        ratios=[float(ratio)],
-        baseline_abs=baseline_abs,
-        candidate_abs=candidate_abs,
-        target=target,
-        note=note,
-        same_output=same,
-        extra=extra,
-    )
+    """A row as a dict with helpers.bench.Row's fields (what serving_rows returns), with one ratio."""
+    values = (name, baseline, candidate, [float(ratio)], baseline_abs, candidate_abs, target, note, same, extra)
+    return dict(zip(ROW_FIELDS, values))
 
 
 def rows_paged_step(model, quick: bool) -> list[dict]:
     t = paged_step_seconds(model, batch=32, context=512, repeats=5 if quick else 11)
     ms = {k: f"{1e3 * t[k]:.1f} ms" for k in ("in_place", "gather", "dense")}
-    return [
-        _row(
-            "paged decode step B=32, 512 cached: in place vs gather",
-            "gather",
-            "in place",
-            t["gather"] / t["in_place"],
-            ms["gather"],
-            ms["in_place"],
-            1 / 0.7,
-            note=f"step {t['in_place'] / t['gather']:.2f}x the gather step (target <= 0.7x); "
-            f"gather calls in the in-place step: {t['gather_calls']}",
-        ),
-        _row(
-            "paged decode step B=32, 512 cached: in place vs dense KVCache",
-            "dense",
-            "in place",
-            t["dense"] / t["in_place"],
-            ms["dense"],
-            ms["in_place"],
-            1 / 1.1,
-            note=f"step {t['in_place'] / t['dense']:.2f}x the dense step (target <= 1.1x)",
-        ),
-    ]
+    calls = f"; gather calls in the in-place step: {t['gather_calls']}"
+
+    def in_place_vs(other, label, limit, more=""):  # target: the in-place step at most `limit` x the other
+        note = f"step {t['in_place'] / t[other]:.2f}x the {other} step (target <= {limit:g}x){more}"
+        name = f"paged decode step B=32, 512 cached: in place vs {label}"
+        return _row(name, other, "in place", t[other] / t["in_place"], ms[other], ms["in_place"], 1 / limit, note)
+
+    return [in_place_vs("gather", "gather", 0.7, calls), in_place_vs("dense", "dense KVCache", 1.1)]
 
 
 def run_fast_sequential(model, workload) -> RunResult:
@@ -150,40 +130,36 @@ def rows_batching(model, tok, quick: bool) -> list[dict]:
     static = run_engine(Engine(model, num_blocks=num_blocks, max_num_seqs=32, policy="static"), wl, "static")
     cont_engine = Engine(model, num_blocks=num_blocks, max_num_seqs=32)
     cont = run_engine(cont_engine, wl, "continuous")
-    differ = sum(a != b for a, b in zip(cont.outputs, seq.outputs))
     m = cont.engine_metrics
     contiguous_fit = num_blocks * cont_engine.block_size // model.cfg.max_seq_len
-    fast_differ = sum(a != b for a, b in zip(fast.outputs, seq.outputs))
+
+    def versus(name, baseline, base: RunResult, target, note="", same=None):  # continuous batching vs `base`
+        shown = [f"{r.throughput:.0f} tok/s" for r in (base, cont)]
+        return _row(name, baseline, "continuous", cont.throughput / base.throughput, *shown, target, note, same)
+
+    def differ_note(run, what, reference="generate"):  # how many of `run`'s outputs differ from sequential generate's
+        differ = sum(a != b for a, b in zip(run.outputs, seq.outputs))
+        return dict(note=f"{differ} of {n} {what} differ from {reference}", same=differ == 0)
+
     rows = [
-        _row(
+        versus(
             f"continuous batching vs sequential generate ({n} req, 32 running)",
             "sequential",
-            "continuous",
-            cont.throughput / seq.throughput,
-            f"{seq.throughput:.0f} tok/s",
-            f"{cont.throughput:.0f} tok/s",
+            seq,
             10.0,
-            note=f"{differ} of {n} outputs differ from sequential generate",
-            same=differ == 0,
+            **differ_note(cont, "outputs", "sequential generate"),
         ),
-        _row(
+        versus(
             "continuous batching vs sequential FastGenerator (compiled)",
             "FastGenerator",
-            "continuous",
-            cont.throughput / fast.throughput,
-            f"{fast.throughput:.0f} tok/s",
-            f"{cont.throughput:.0f} tok/s",
+            fast,
             3.0,
-            note=f"{fast_differ} of {n} FastGenerator outputs differ from generate",
-            same=fast_differ == 0,
+            **differ_note(fast, "FastGenerator outputs"),
         ),
-        _row(
+        versus(
             "continuous vs static batching (same batch size 32)",
             "static",
-            "continuous",
-            cont.throughput / static.throughput,
-            f"{static.throughput:.0f} tok/s",
-            f"{cont.throughput:.0f} tok/s",
+            static,
             1.7,
             same=cont.outputs == static.outputs,
         ),
@@ -209,18 +185,13 @@ def rows_batching(model, tok, quick: bool) -> list[dict]:
     ]
     hf = run_hf_generate_batch(model, wl, 32)
     if hf is not None:
-        hf_differ = sum(a != b for a, b in zip(hf.outputs, seq.outputs))
         rows.append(
-            _row(
+            versus(
                 "continuous batching vs transformers generate_batch",
                 "transformers",
-                "continuous",
-                cont.throughput / hf.throughput,
-                f"{hf.throughput:.0f} tok/s",
-                f"{cont.throughput:.0f} tok/s",
+                hf,
                 10.0,
-                note=f"{hf_differ} of {n} transformers outputs differ from generate",
-                same=hf_differ == 0,
+                **differ_note(hf, "transformers outputs"),
             )
         )
     return rows

@@ -116,16 +116,9 @@ class Engine:
         (a request without a seed draws from torch's global generator, whose state depends on the others);
         prefix caching and the static policy are refused in this mode (a cached prefix was computed in
         another request's chunks)."""
-        max_num_batched_tokens = params.check_engine_args(
-            model,
-            num_blocks,
-            block_size,
-            max_num_seqs,
-            max_num_batched_tokens,
-            enable_prefix_caching,
-            chunked_prefill,
-            policy,
-            step_log,
+        params.check_kv_pool(model, num_blocks, block_size, max_num_seqs)
+        max_num_batched_tokens = params.check_scheduling(
+            model.cfg, max_num_seqs, max_num_batched_tokens, enable_prefix_caching, chunked_prefill, policy, step_log
         )
         fixed_chunk = params.check_batch_invariant(
             model, batch_invariant, policy, enable_prefix_caching, chunked_prefill, max_num_seqs, max_num_batched_tokens

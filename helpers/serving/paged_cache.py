@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kv_cache import CacheLayout
+from ..cache_layout import CacheLayout
 
 
 class PagedKVCache:

@@ -65,18 +65,9 @@ def check_flag(name: str, value) -> None:
         raise InvalidParameter(name, f"{name} must be True or False; got {value!r}")
 
 
-def check_engine_args(
-    model,
-    num_blocks,
-    block_size,
-    max_num_seqs,
-    max_num_batched_tokens,
-    enable_prefix_caching,
-    chunked_prefill,
-    policy,
-    step_log,
-) -> int:
-    """Check Engine()'s parameters; returns max_num_batched_tokens with its default filled in."""
+def check_kv_pool(model, num_blocks, block_size, max_num_seqs) -> None:
+    """Check Engine()'s model and the KV block pool it asks for: counts >= 1, blocks no longer than the
+    context window, and the pool's bytes within the device's memory (where it can be read)."""
     cfg = getattr(model, "cfg", None)
     if not all(hasattr(cfg, a) for a in ("max_seq_len", "vocab_size", "n_layers")) or not hasattr(model, "device"):
         raise InvalidParameter("model", f"model must be a helpers.model.Transformer; got {type(model).__name__}")
@@ -95,6 +86,13 @@ def check_engine_args(
             f"{kv_bytes / 2**30:,.1f} GiB of KV cache; the device has "
             f"{memory / 2**30:,.1f} GiB",
         )
+
+
+def check_scheduling(
+    cfg, max_num_seqs, max_num_batched_tokens, enable_prefix_caching, chunked_prefill, policy, step_log
+) -> int:
+    """Check Engine()'s scheduling parameters (after check_kv_pool); returns max_num_batched_tokens with its
+    default filled in."""
     check_flag("enable_prefix_caching", enable_prefix_caching)
     check_flag("chunked_prefill", chunked_prefill)
     if policy not in ("continuous", "static"):
@@ -131,7 +129,7 @@ def check_batch_invariant(
             "another request's steps",
         )
     if not chunked_prefill:
-        return model.cfg.max_seq_len  # a whole prompt in one piece (check_engine_args: it fits the budget)
+        return model.cfg.max_seq_len  # a whole prompt in one piece (check_scheduling: it fits the budget)
     if max_num_batched_tokens <= max_num_seqs:
         raise InvalidParameter(
             "max_num_batched_tokens",

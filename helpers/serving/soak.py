@@ -226,16 +226,7 @@ class References:
         return "rounding flip" if flip else "changed"
 
 
-def run_soak(
-    model,
-    tok,
-    n_requests: int = 500,
-    concurrency: int = 16,
-    seed: int = 0,
-    server_cancels: int = 2,
-    warmup: int = 64,
-    progress: bool = True,
-) -> dict:
+def run_soak(model, tok, n_requests=500, concurrency=16, seed=0, server_cancels=2, warmup=64, progress=True) -> dict:
     """Serve `model` in this process, send the mix, check everything; returns the report (see `table`).
     Memory is compared with what it was after `warmup` requests of the same mix (every path taken once)."""
     import uvicorn

@@ -91,6 +91,7 @@ from .loop import (
     DEFAULT_MAX_NGRAM,
     DEFAULT_MIN_NGRAM,
     EagerSteps,
+    RunSettings,
     StaticSteps,
     check_common,
     speculative_loop,
@@ -178,23 +179,14 @@ def speculative_generate(
             f"draft and target must share a vocabulary; vocab_size {d_model.cfg.vocab_size} != {t_model.cfg.vocab_size}"
         )
     T = prompt.shape[1]
+    run = RunSettings(prompt, max_new_tokens, gamma, sampling, generator, eos_id, trace)
     # the draft reads the same sequence, so it needs the same room (its proposals never go past
     # max_new_tokens); checked now, or its cache would overflow in the middle of the run
     check_generation_length(T, max_new_tokens, d_model.cfg.max_seq_len, window="the draft model's context window")
     if not static:
         S = min(T + max_new_tokens + gamma, t_model.cfg.max_seq_len)
         with torch.inference_mode():
-            return speculative_loop(
-                EagerSteps(t_model, S),
-                EagerSteps(d_model, min(S, d_model.cfg.max_seq_len)),
-                prompt,
-                max_new_tokens,
-                gamma,
-                sampling,
-                generator,
-                eos_id,
-                trace,
-            )
+            return speculative_loop(EagerSteps(t_model, S), EagerSteps(d_model, min(S, d_model.cfg.max_seq_len)), run)
     # static: positions n - 1 .. n + g of a round stay below T + max_new_tokens (g stops at max_new_tokens)
     for name, fast in (("target", target), ("draft", draft)):
         if fast.cache.batch_size != 1:
@@ -214,15 +206,5 @@ def speculative_generate(
     fused = fused_rounds(target, draft, gamma, not sampling.greedy) if fuse_rounds and fuses_rounds(sampling) else None
     with torch.no_grad():
         return speculative_loop(
-            StaticSteps(target, counts["target"]),
-            StaticSteps(draft, counts["draft"]),
-            prompt,
-            max_new_tokens,
-            gamma,
-            sampling,
-            generator,
-            eos_id,
-            trace,
-            later,
-            fused,
+            StaticSteps(target, counts["target"]), StaticSteps(draft, counts["draft"]), run, later, fused
         )

@@ -10,6 +10,7 @@ graph (helpers.speculative.compiled.FusedRounds) is passed in as `fused`; this m
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 
@@ -152,32 +153,34 @@ def check_common(target, prompt, max_new_tokens, gamma, sampling, temperature, g
     return prompt, check_sampling(sampling, temperature)
 
 
-def speculative_loop(
-    target, draft, prompt, max_new_tokens, gamma, sampling, generator, eos_id, trace, later_rounds=None, fused=None
-):
+@dataclass(frozen=True)
+class RunSettings:
+    """What stays fixed over one speculative generation: the (1, T) prompt, how many tokens to add, the
+    proposals per round, the sampling and its generator, the end-of-sequence id, and whether to record
+    every round (stats.trace). Checked by the caller (check_common), not here."""
+
+    prompt: torch.Tensor
+    max_new_tokens: int
+    gamma: int
+    sampling: SamplingConfig
+    generator: torch.Generator | None = None
+    eos_id: int | None = None
+    trace: bool = False
+
+
+def speculative_loop(target, draft, run: RunSettings, later_rounds=None, fused=None):
     """The rounds, on two steppers (EagerSteps or StaticSteps): logits(tokens) at positions
     length..length+T-1, and truncate(n). later_rounds: a context manager factory entered after the
     first round (the static path's guard skipping). fused: a FusedRounds for the steppers' generators and
     this kind of sampling, which then runs every full-length round with n >= 2."""
     with contextlib.ExitStack() as stack:
-        return run_rounds(
-            target,
-            draft,
-            prompt,
-            max_new_tokens,
-            gamma,
-            sampling,
-            generator,
-            eos_id,
-            trace,
-            (lambda: stack.enter_context(later_rounds())) if later_rounds else None,
-            fused,
-        )
+        after_first = (lambda: stack.enter_context(later_rounds())) if later_rounds else None
+        return run_rounds(target, draft, run, after_first, fused)
 
 
-def run_rounds(
-    target, draft, prompt, max_new_tokens, gamma, sampling, generator, eos_id, trace, after_first, fused=None
-):
+def run_rounds(target, draft, run: RunSettings, after_first, fused=None):
+    prompt, max_new_tokens, gamma, eos_id, trace = run.prompt, run.max_new_tokens, run.gamma, run.eos_id, run.trace
+    sampling, generator = run.sampling, run.generator
     T = prompt.shape[1]
     stats = SpeculativeStats(trace=[] if trace else None)
     if max_new_tokens == 0:

@@ -88,16 +88,17 @@ def last_position_loss(model, batch: torch.Tensor) -> float:
 def check_3(peeking_twin, eval_batch, predicted_last_loss=FROM_NOTEBOOK) -> None:
     """A guess at the peeking twin's loss at the last position of each window, run without the mask."""
     vocab = peeking_twin.cfg.vocab_size
-    prediction(
-        "03.3",
-        predicted_last_loss,
-        lambda: last_position_loss(peeking_twin, eval_batch),
-        unit="nats/token",
-        name="predicted_last_loss",
-        rel_tol=0.25,
-        notice=lambda m: (
+
+    def measure():
+        return last_position_loss(peeking_twin, eval_batch)
+
+    def notice(measured):
+        return (
             f"A uniform guess costs ln {vocab} = {math.log(vocab):.2f}. At the last position the answer "
             "is not in the input, so there is nothing to copy, and the twin never learned anything "
             "else: its 'held out, unmasked' average was low only because the other positions copy."
-        ),
+        )
+
+    prediction(
+        "03.3", predicted_last_loss, measure, unit="nats/token", name="predicted_last_loss", rel_tol=0.25, notice=notice
     )

@@ -36,14 +36,9 @@ def check_1(top_k_probs=FROM_NOTEBOOK):
             )
         return True
 
-    exercise(
-        "09.1",
-        top_k_probs,
-        is_right,
-        hint="the k-th largest value is a threshold; then softmax what is left",
-        name="top_k_probs",
-        notice="top-k keeps the same number of tokens whatever the model's confidence; top-p and min-p adapt",
-    )
+    hint = "the k-th largest value is a threshold; then softmax what is left"
+    notice = "top-k keeps the same number of tokens whatever the model's confidence; top-p and min-p adapt"
+    exercise("09.1", top_k_probs, is_right, hint=hint, name="top_k_probs", notice=notice)
 
 
 def check_2(answer=FROM_NOTEBOOK):

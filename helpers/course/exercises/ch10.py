@@ -71,13 +71,8 @@ def check_3(answer=FROM_NOTEBOOK):
             assert isinstance(json.loads(s), list)
         return True
 
-    return exercise(
-        "10.3",
-        answer,
-        is_right,
-        hint="a group for one boolean, then (, boolean) repeated 0 to 2 times",
-        name="bool_array_pattern",
-    )
+    hint = "a group for one boolean, then (, boolean) repeated 0 to 2 times"
+    return exercise("10.3", answer, is_right, hint=hint, name="bool_array_pattern")
 
 
 def check_4(predicted=FROM_NOTEBOOK, measure=None):
