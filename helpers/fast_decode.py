@@ -41,7 +41,8 @@ then read its weights at 0.99x of the read-only roof measured between its runs (
 so inductor's graph cache keeps it: a new process loads the course model's step in 5-11 s (torch's
 kernel: 5-9 s); the cold compile took 35 s there. Eagerly and for several rows (prefill, a verify pass, a
 batch) the layer calls F.linear on the same weight. The opt-in autotuned GEMM below was 1.06-1.26x faster
-still in the same runs, at 43 s of lowering in every new process. `gemv="library"` switches back to torch's kernel.
+still in the same runs, at 43 s of lowering in every new process. `gemv="library"` switches back to
+torch's kernel.
 
 With `gemv="library"` (the default on a GPU) the generator keeps each projection's weight transposed on a
 CPU, (in, out) and contiguous (`input_major_copy`): for a batch-1 step, torch's matrix-vector product over
@@ -63,9 +64,10 @@ static path keeps SDPA.
 On a CPU, what is left between the kernels goes too. `cpp_wrapper` (on by default there) has inductor
 drive its kernels and matmul calls from generated C++ instead of generated Python, and `freeze` (on by
 default for float weights) compiles the weights in as constants, so a step passes 14 tensors (token,
-position, the cache) instead of 55 through torch.compile's wrappers (gemv="library"). Together about 1.17x on
-the course model's step (2.14 -> 1.76 ms, interleaved, same logits, gemv="library"). Inductor's weight prepacking (a
-freezing pass that swaps each matmul for a packed library call) is turned off: it made the step 0.87x.
+position, the cache) instead of 55 through torch.compile's wrappers (gemv="library"). Together about
+1.17x on the course model's step (2.14 -> 1.76 ms, interleaved, same logits, gemv="library"). Inductor's
+weight prepacking (a freezing pass that swaps each matmul for a packed library call) is turned off: it
+made the step 0.87x.
 The weights are fixed when the step compiles: build a new generator after changing the model.
 Only a model whose tensors all have its own dtype is frozen by default: inductor folds constants
 ahead of time, which turned quantize/'s int8 codes and 16-bit weights back into float32 weights.
@@ -89,6 +91,7 @@ compiles in the middle of a generation.
 Out of scope: batching requests of different lengths; the speculative loop (speculative/); the compile
 plumbing (compiling.py: cache folder, options, warm-up, cold-compile record, guard skipping).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -114,8 +117,8 @@ from .generate import generate as generate_loop
 from .generate import prepare_generation
 from .kv_cache import KVCache
 from .model import Attention
+from .options import keyword_options
 from .row_sums import RowSumLinear
-from .sampling import SamplingConfig
 from .stopping import stop_checker
 
 GEMVS = ("sums", "library")  # how a compiled batch-1 step multiplies one row by a projection (see the docstring)
@@ -126,7 +129,6 @@ def compile_available() -> bool:
     import shutil
 
     return shutil.which(os.environ.get("CXX", "g++")) is not None or shutil.which("c++") is not None
-
 
 
 class InputMajorLinear(nn.Module):
@@ -185,8 +187,10 @@ def decode_copy(model: nn.Module, *, input_major: bool, static_attention: str, g
     if gemv not in GEMVS:
         raise ValueError(f"gemv must be one of {GEMVS}; got {gemv!r}")
     if gemv == "sums" and input_major:
-        raise ValueError("input_major is a layout for torch's kernel (gemv='library'); gemv='sums' reads "
-                         "nn.Linear's own (out, in) weight")
+        raise ValueError(
+            "input_major is a layout for torch's kernel (gemv='library'); gemv='sums' reads "
+            "nn.Linear's own (out, in) weight"
+        )
     if gemv == "sums":
         twin = row_sums_copy(model)
     else:
@@ -223,15 +227,25 @@ def row_sums_copy(model: nn.Module) -> nn.Module:
 class FastGenerator:
     """A KV cache plus a decode step compiled for it. Reuse one instance for many generations."""
 
-    def __init__(self, model, batch_size: int = 1, max_seq_len: int | None = None, compile: bool = True,
-                 mode: str | None = None, cpp_wrapper: bool | None = None, input_major: bool | None = None,
-                 static_attention: str | None = None, freeze: bool | None = None,
-                 gemm_autotune: bool = False, gemv: str | None = None):
+    def __init__(
+        self,
+        model,
+        batch_size: int = 1,
+        max_seq_len: int | None = None,
+        compile: bool = True,
+        mode: str | None = None,
+        cpp_wrapper: bool | None = None,
+        input_major: bool | None = None,
+        static_attention: str | None = None,
+        freeze: bool | None = None,
+        gemm_autotune: bool = False,
+        gemv: str | None = None,
+    ):
         use_course_compile_cache()  # the on-disk cache folder, set when the first generator is built
         self.model = model.eval()
-        # on a CPU, multiply single rows by projections stored (in, out) (several rows, as in prefill, keep
-        # nn.Linear's layout), and let the compiled step attend with explicit sums that inductor fuses: see
-        # the module docstring
+        # on a CPU, multiply single rows by sums that inductor generates (torch's kernel on request, over
+        # projections stored (in, out); several rows, as in prefill, keep nn.Linear's kernel and layout), and
+        # let the compiled step attend with explicit sums that inductor fuses: see the module docstring
         on_cpu = model.device.type == "cpu"
         if gemv is None:  # naming a layout or the autotuned GEMM asks for torch's kernel
             gemv = "sums" if on_cpu and input_major is None and not gemm_autotune else "library"
@@ -240,8 +254,9 @@ class FastGenerator:
         self.gemv = gemv
         self.input_major = (on_cpu and gemv == "library") if input_major is None else input_major
         self.static_attention = ("sums" if on_cpu else "sdpa") if static_attention is None else static_attention
-        self.decode_model = decode_copy(self.model, input_major=self.input_major,
-                                        static_attention=self.static_attention, gemv=self.gemv)
+        self.decode_model = decode_copy(
+            self.model, input_major=self.input_major, static_attention=self.static_attention, gemv=self.gemv
+        )
         self.cache = KVCache.for_model(model, batch_size=batch_size, max_seq_len=max_seq_len)
         self.compile_seconds = 0.0
         self.compiled = False
@@ -257,16 +272,18 @@ class FastGenerator:
         step = self._eager_step
         if compile and not compile_available():
             self.compile_source = "not compiled: no C++ compiler found, the static step runs eagerly"
-            warnings.warn("torch.compile needs a C++ compiler on a CPU and none was found; decoding eagerly",
-                          stacklevel=2)
+            warnings.warn(
+                "torch.compile needs a C++ compiler on a CPU and none was found; decoding eagerly", stacklevel=2
+            )
         if compile and compile_available():
             if mode is None and model.device.type == "cuda":
                 mode = "reduce-overhead"  # CUDA graphs: replay the whole step with one launch
                 # the cache is written in place every step; tell the graph machinery its address never changes
                 torch._dynamo.mark_static_address(self.cache.k)
                 torch._dynamo.mark_static_address(self.cache.v)
-            self._compile_options = compile_options(mode, cpp_wrapper=self.cpp_wrapper, freeze=self.freeze,
-                                                    gemm_autotune=self.gemm_autotune)
+            self._compile_options = compile_options(
+                mode, cpp_wrapper=self.cpp_wrapper, freeze=self.freeze, gemm_autotune=self.gemm_autotune
+            )
             step = torch.compile(self._static_step, **self._compile_options)
         self.mode = mode
         self._step = step
@@ -278,12 +295,14 @@ class FastGenerator:
         """What decides the generated code: model shapes, buffer size, batch, dtype, device, options, torch,
         and the number of tokens per call (T = 1, the step, keeps the key it always had)."""
         m = self.model
-        what = (f"{m.cfg.to_dict()} B={self.cache.batch_size} S={self.cache.max_seq_len} {m.dtype} {m.device.type} "
-                f"mode={self.mode} cpp_wrapper={self.cpp_wrapper} input_major={self.input_major} "
-                f"{'gemv=sums ' if self.gemv == 'sums' else ''}"
-                f"{'freeze ' if self.freeze else ''}{'gemm_autotune ' if self.gemm_autotune else ''}"
-                f"{'' if self.static_attention == 'sdpa' else 'attention=' + self.static_attention + ' '}"
-                f"torch={torch.__version__}")
+        what = (
+            f"{m.cfg.to_dict()} B={self.cache.batch_size} S={self.cache.max_seq_len} {m.dtype} {m.device.type} "
+            f"mode={self.mode} cpp_wrapper={self.cpp_wrapper} input_major={self.input_major} "
+            f"{'gemv=sums ' if self.gemv == 'sums' else ''}"
+            f"{'freeze ' if self.freeze else ''}{'gemm_autotune ' if self.gemm_autotune else ''}"
+            f"{'' if self.static_attention == 'sdpa' else 'attention=' + self.static_attention + ' '}"
+            f"torch={torch.__version__}"
+        )
         if tokens != 1:
             what += f" T={tokens}"
         return hashlib.sha256(what.encode()).hexdigest()[:16]
@@ -376,8 +395,9 @@ class FastGenerator:
                 cold = inductor_cache_counts()[1] > misses
                 self.compile_source = "compiled cold" if cold else "compiled from the on-disk cache"
             else:
-                warnings.warn(f"torch.compile failed ({type(error).__name__}: {str(error)[:200]}); decoding eagerly",
-                              stacklevel=2)
+                warnings.warn(
+                    f"torch.compile failed ({type(error).__name__}: {str(error)[:200]}); decoding eagerly", stacklevel=2
+                )
                 self._step = self._eager_step
                 self._want_compile = False
                 self.compile_source = f"not compiled: torch.compile failed ({type(error).__name__}), running eagerly"
@@ -391,34 +411,40 @@ class FastGenerator:
             if error is None:
                 self._forwards[T] = fn
             else:
-                warnings.warn(f"torch.compile failed for {T} tokens per call ({type(error).__name__}: "
-                              f"{str(error)[:200]}); that forward runs eagerly", stacklevel=2)
+                warnings.warn(
+                    f"torch.compile failed for {T} tokens per call ({type(error).__name__}: "
+                    f"{str(error)[:200]}); that forward runs eagerly",
+                    stacklevel=2,
+                )
         return self.compile_seconds
 
     @torch.no_grad()
-    def generate(self, prompt, max_new_tokens: int, *, temperature: float = 0.0,
-                 sampling: SamplingConfig | None = None, generator: torch.Generator | None = None,
-                 eos_id: int | None = None, stop_sequences=(), stop_criteria=(), logits_processors=(),
-                 progress: bool = False) -> torch.Tensor:
+    def generate(self, prompt, max_new_tokens: int, **options) -> torch.Tensor:
         """helpers.generate's loop (its stop conditions, logits processors and sampling; penalties excepted)
         on this generator's cache, with the compiled step as its step: (B, T + n_new) token ids. The
-        prompt's prefill runs eagerly (its shape depends on the prompt)."""
-        prompt, sampling = prepare_generation(self.model, prompt, max_new_tokens, sampling, temperature, generator)
+        prompt's prefill runs eagerly (its shape depends on the prompt).
+
+        options: helpers.generate's keywords (temperature, sampling, generator, eos_id, stop_sequences,
+        stop_criteria, logits_processors, progress), with its defaults; not cache or step (this generator's)."""
+        o = keyword_options(generate_loop, options, leave_out=("cache", "step"))
+        prompt, sampling = prepare_generation(
+            self.model, prompt, max_new_tokens, o.sampling, o.temperature, o.generator
+        )
         if sampling.repetition_penalty != 1.0 or sampling.presence_penalty or sampling.frequency_penalty:
             raise ValueError("FastGenerator does not apply penalties; use helpers.generate for those")
         B, T = prompt.shape
         if B != self.cache.batch_size:
             raise ValueError(f"prompt batch size {B} != this generator's batch_size {self.cache.batch_size}")
         if T + max_new_tokens > self.cache.max_seq_len:
-            raise ValueError(f"prompt ({T}) + max_new_tokens ({max_new_tokens}) exceeds this generator's "
-                             f"max_seq_len={self.cache.max_seq_len}")
-        stop_checker(B, eos_id, stop_sequences, stop_criteria)  # bad stop settings fail before the compile
+            raise ValueError(
+                f"prompt ({T}) + max_new_tokens ({max_new_tokens}) exceeds this generator's "
+                f"max_seq_len={self.cache.max_seq_len}"
+            )
+        stop_checker(B, o.eos_id, o.stop_sequences, o.stop_criteria)  # bad stop settings fail before the compile
         self.warmup()  # only now: compiling is the slowest part, and bad input should not wait for it
         with contextlib.ExitStack() as later_steps:
-            return generate_loop(self.decode_model, prompt, max_new_tokens, sampling=sampling, generator=generator,
-                                 eos_id=eos_id, stop_sequences=stop_sequences, stop_criteria=stop_criteria,
-                                 logits_processors=logits_processors, progress=progress, cache=self.cache,
-                                 step=self._loop_step(later_steps))
+            loop_options = {**vars(o), "sampling": sampling, "cache": self.cache, "step": self._loop_step(later_steps)}
+            return generate_loop(self.decode_model, prompt, max_new_tokens, **loop_options)
 
     def _loop_step(self, later_steps: contextlib.ExitStack):
         """helpers.generate's step(model, token, cache) -> logits, over this generator's static step: the
@@ -441,4 +467,5 @@ class FastGenerator:
                 later_steps.enter_context(guards_checked_once())
             first = False
             return logits
+
         return step

@@ -20,6 +20,7 @@ quantize/'s "fused_dequant" kernel is the same loop with a dequantization inside
 Out of scope: GPUs (the graph becomes a Triton kernel there; FastGenerator keeps torch's kernel), and
 several rows at once (torch's library kernels are faster once the weight is reused across rows).
 """
+
 from __future__ import annotations
 
 import logging
@@ -75,6 +76,5 @@ class RowSumLinear(nn.Module):
         row = materialized(x).reshape(1, K)  # (1, K): computed once, not once per output row
         R = row_split(N)
         n = N // R
-        blocks = [(row * self.weight[r * n:(r + 1) * n]).sum(-1) for r in range(R)]  # R x (n,)
+        blocks = [(row * self.weight[r * n : (r + 1) * n]).sum(-1) for r in range(R)]  # R x (n,)
         return torch.cat(blocks).reshape(*lead, N)
-

@@ -29,6 +29,7 @@ modules and weights; tests/test_serving.py checks it against `generate` token fo
 Out of scope (vLLM has them): CUDA graphs for the decode batch, a varlen attention kernel for prefill
 chunks, tensor parallelism, LoRA adapters, and sampling on the device without a host round trip.
 """
+
 from __future__ import annotations
 
 import time
@@ -45,6 +46,7 @@ from .paged_cache import PagedKVCache
 @dataclass
 class SequenceChunk:
     """What one request contributes to a step."""
+
     token_ids: list[int]  # the new tokens (1 when decoding)
     start_pos: int  # position of the first of them = tokens already in the cache
     block_table: list[int]  # the request's blocks, covering positions 0 .. start_pos + len(token_ids) - 1
@@ -56,7 +58,7 @@ DECODE_ATTENTION = ("in_place", "gather")
 
 
 def default_decode_attention(model, block_size: int = 16) -> str:
-    """"in_place" for a float32 model on the CPU where the C kernel builds (a C compiler is present), else
+    """ "in_place" for a float32 model on the CPU where the C kernel builds (a C compiler is present), else
     "gather" (the kernel is CPU float32 only)."""
     cfg = model.cfg
     cpu32 = model.device.type == "cpu" and model.dtype == torch.float32
@@ -65,9 +67,14 @@ def default_decode_attention(model, block_size: int = 16) -> str:
 
 
 @torch.no_grad()
-def forward_step(model, cache: PagedKVCache, chunks: list[SequenceChunk],
-                 decode_attention: str | None = None, timings: dict | None = None,
-                 row_tile: int | None = None) -> torch.Tensor:
+def forward_step(
+    model,
+    cache: PagedKVCache,
+    chunks: list[SequenceChunk],
+    decode_attention: str | None = None,
+    timings: dict | None = None,
+    row_tile: int | None = None,
+) -> torch.Tensor:
     """Run one step. Returns logits (n_wanted, V) for the last token of each chunk with want_logits, in order.
 
     decode_attention: "in_place" (read the blocks where they lie), "gather" (dense copy, then SDPA), or
@@ -134,18 +141,23 @@ def forward_step(model, cache: PagedKVCache, chunks: list[SequenceChunk],
         if decode:
             qd = q if all_decode else q[dec_rows]  # (Bd, H, D)
             if decode_attention == "in_place":
-                yd = paged_decode_attention(qd, cache.k[layer_idx], cache.v[layer_idx], dec_tables, dec_len,
-                                            bs)  # (Bd, H, D)
+                yd = paged_decode_attention(
+                    qd, cache.k[layer_idx], cache.v[layer_idx], dec_tables, dec_len, bs
+                )  # (Bd, H, D)
             else:
                 kd, vd = cache.gather(layer_idx, dec_tables)  # (Bd, Hkv, S, D): a dense copy
                 qd = qd.unsqueeze(2)  # (Bd, H, 1, D)
                 if one_len is not None:
-                    yd = F.scaled_dot_product_attention(qd, kd[:, :, :one_len], vd[:, :, :one_len],
-                                                        enable_gqa=Hkv != H)
+                    yd = F.scaled_dot_product_attention(qd, kd[:, :, :one_len], vd[:, :, :one_len], enable_gqa=Hkv != H)
                 elif dec_mask is None:  # the invariant mode: one request at a time, its own length
-                    yd = torch.cat([F.scaled_dot_product_attention(qd[b:b + 1], kd[b:b + 1, :, :L],
-                                                                   vd[b:b + 1, :, :L], enable_gqa=Hkv != H)
-                                    for b, L in enumerate(lengths)])  # (Bd, H, 1, D)
+                    yd = torch.cat(
+                        [
+                            F.scaled_dot_product_attention(
+                                qd[b : b + 1], kd[b : b + 1, :, :L], vd[b : b + 1, :, :L], enable_gqa=Hkv != H
+                            )
+                            for b, L in enumerate(lengths)
+                        ]
+                    )  # (Bd, H, 1, D)
                 else:
                     yd = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=dec_mask, enable_gqa=Hkv != H)
                 yd = yd[:, :, 0]  # (Bd, H, D)
@@ -160,13 +172,14 @@ def forward_step(model, cache: PagedKVCache, chunks: list[SequenceChunk],
             S = chunks[i].start_pos + T  # keys this chunk's queries may see
             kp, vp = cache.gather(layer_idx, table)  # (1, Hkv, n_blocks * block_size, D)
             kp, vp = kp[:, :, :S], vp[:, :, :S]  # (1, Hkv, S, D)
-            qp = q[r0:r0 + T].transpose(0, 1).unsqueeze(0)  # (1, H, T, D)
+            qp = q[r0 : r0 + T].transpose(0, 1).unsqueeze(0)  # (1, H, T, D)
             if S == T:  # a whole prompt: the plain causal mask, as model.py's prefill uses
                 yp = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, enable_gqa=Hkv != H)
             else:  # a later chunk, or a prompt whose prefix came from the prefix cache
-                yp = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=causal_mask(T, S, device=device),
-                                                    enable_gqa=Hkv != H)
-            y[r0:r0 + T] = yp[0].transpose(0, 1)  # (T, H, D)
+                yp = F.scaled_dot_product_attention(
+                    qp, kp, vp, attn_mask=causal_mask(T, S, device=device), enable_gqa=Hkv != H
+                )
+            y[r0 : r0 + T] = yp[0].transpose(0, 1)  # (T, H, D)
         t_attention += time.perf_counter() - t0
         y = y.reshape(N, H * D)
         if x.shape[0] != N:  # the padding rows' attention output: zeros
@@ -191,10 +204,12 @@ def tiled(fns, x: torch.Tensor, width: int | None) -> torch.Tensor:
     """The row-wise modules fns applied in order to x, on tiles of exactly `width` rows (x zero-padded to a
     multiple of it; the padding rows are dropped), so every matmul has the same shape; width None: to x at
     once. A zero row is harmless: RMSNorm of 0 is 0 (its eps keeps the division finite)."""
+
     def apply(t):
         for fn in fns:
             t = fn(t)
         return t
+
     if width is None or x.shape[0] == width:  # one tile (a full decode step): no copies
         return apply(x)
     N = x.shape[0]  # x (N, C)

@@ -29,6 +29,7 @@ Left out: threads (the course runs one), dtypes other than float32, ALiBi/soft-c
 the split-K (flash-decoding) partition of one long context across cores, and GPUs (vLLM's and
 FlashInfer's kernels are the real ones; the same layout and loop are what they tile).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -53,8 +54,9 @@ KERNELS = CACHE / "kernels"
 FLAG_SETS = (["-O3", "-march=native", "-ffast-math"], ["-O3", "-ffast-math"], ["-O2"])
 
 
-def attention_by_blocks(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, table: list[int],
-                        length: int, block_size: int) -> torch.Tensor:
+def attention_by_blocks(
+    q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, table: list[int], length: int, block_size: int
+) -> torch.Tensor:
     """One request's decode attention read block by block from the pool, with the online softmax.
 
     q (H, D); k_pool, v_pool (num_blocks * block_size, Hkv, D) one layer's pool; table: the request's
@@ -68,8 +70,8 @@ def attention_by_blocks(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Ten
     for j in range(math.ceil(length / block_size)):
         start = table[j] * block_size
         used = min(block_size, length - j * block_size)  # the last block may be part full
-        k = k_pool[start:start + used].transpose(0, 1)  # (Hkv, used, D): a view of the pool, no copy
-        v = v_pool[start:start + used].transpose(0, 1)
+        k = k_pool[start : start + used].transpose(0, 1)  # (Hkv, used, D): a view of the pool, no copy
+        v = v_pool[start : start + used].transpose(0, 1)
         s = qg @ k.transpose(1, 2)  # (Hkv, G, used)
         m_new = torch.maximum(m, s.amax(-1, keepdim=True))
         p = torch.exp(s - m_new)  # (Hkv, G, used)
@@ -105,8 +107,10 @@ def _build(head_dim: int, kv_heads: int, group: int, block_size: int) -> ctypes.
             with tempfile.TemporaryDirectory(dir=folder) as tmp:
                 obj, so = os.path.join(tmp, "k.o"), os.path.join(tmp, "k.so")
                 compiled = subprocess.run([cc, *flags, *sizes, "-fPIC", "-c", SOURCE, "-o", obj], capture_output=True)
-                if compiled.returncode or subprocess.run([cc, "-shared", obj, "-o", so, "-lm"],
-                                                         capture_output=True).returncode:
+                if (
+                    compiled.returncode
+                    or subprocess.run([cc, "-shared", obj, "-o", so, "-lm"], capture_output=True).returncode
+                ):
                     continue
                 os.replace(so, path)  # atomic: a second process never loads a half-written file
         lib = ctypes.CDLL(str(path))
@@ -130,8 +134,14 @@ def kernel_available(head_dim: int = 32, kv_heads: int = 2, group: int = 4, bloc
     return _kernel(head_dim, kv_heads, group, block_size) is not None
 
 
-def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, tables: torch.Tensor,
-                           lengths: torch.Tensor, block_size: int) -> torch.Tensor:
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    tables: torch.Tensor,
+    lengths: torch.Tensor,
+    block_size: int,
+) -> torch.Tensor:
     """Decode attention for N requests at once, read in place through their block tables (the C kernel).
 
     q (N, H, D) float32; k_pool, v_pool (num_blocks * block_size, Hkv, D) one layer's pool; tables (N, W)
@@ -143,17 +153,29 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
         if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous():
             raise ValueError(f"{name} must be a contiguous float32 CPU tensor; got {t.dtype} on {t.device}")
     if H % Hkv or k_pool.shape[2] != D or v_pool.shape != k_pool.shape:
-        raise ValueError(f"q (N, H, D) = {tuple(q.shape)} does not fit a pool of shape {tuple(k_pool.shape)} "
-                         f"(H must be a multiple of its kv heads, D equal)")
+        raise ValueError(
+            f"q (N, H, D) = {tuple(q.shape)} does not fit a pool of shape {tuple(k_pool.shape)} "
+            f"(H must be a multiple of its kv heads, D equal)"
+        )
     lib = _kernel(D, Hkv, H // Hkv, block_size)
     if lib is None:
         raise RuntimeError("paged_decode_attention needs a C compiler (cc, gcc or clang, or $CC): none worked")
     tables = tables.to(torch.int64).contiguous()
     lengths = lengths.to(torch.int64).contiguous()
     if tables.shape[0] != N or lengths.shape != (N,):
-        raise ValueError(f"tables must be (N, W) and lengths (N,) with N = {N}; got {tuple(tables.shape)}, "
-                         f"{tuple(lengths.shape)}")
+        raise ValueError(
+            f"tables must be (N, W) and lengths (N,) with N = {N}; got {tuple(tables.shape)}, {tuple(lengths.shape)}"
+        )
     out = torch.empty_like(q)  # (N, H, D)
-    lib.paged_decode(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), tables.data_ptr(), lengths.data_ptr(),
-                     N, tables.shape[1], 1.0 / math.sqrt(D), out.data_ptr())
+    lib.paged_decode(
+        q.data_ptr(),
+        k_pool.data_ptr(),
+        v_pool.data_ptr(),
+        tables.data_ptr(),
+        lengths.data_ptr(),
+        N,
+        tables.shape[1],
+        1.0 / math.sqrt(D),
+        out.data_ptr(),
+    )
     return out
