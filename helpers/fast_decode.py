@@ -35,14 +35,14 @@ with ROW_SPLIT independent accumulators. Torch's fp32 matrix-vector kernel read 
 of the rate of a plain streaming sum over them, the generated loop at 1.0x of it (a 5632 x 1024 product,
 six weight copies, one thread, interleaved; 2-core AMD Zen 5 VM shared with other jobs). Over the whole
 step, interleaved on the same VM under load: the course model 1.33x faster than with torch's kernel
-(2.33 against 3.09 ms/token), the 149M random config (bench-150m) 1.30x (107 against 138 ms), whose step
-then read its weights at 0.99x of the read-only roof measured between its runs (torch's kernel: 0.59x;
-`python -m helpers.bench --rows bandwidth`). It is ordinary generated code, no packed or copied weights,
-so inductor's graph cache keeps it: a new process loads the course model's step in 5-11 s (torch's
-kernel: 5-9 s); the cold compile took 35 s there. Eagerly and for several rows (prefill, a verify pass, a
-batch) the layer calls F.linear on the same weight. The opt-in autotuned GEMM below was 1.06-1.26x faster
-still in the same runs, at 43 s of lowering in every new process. `gemv="library"` switches back to
-torch's kernel.
+(2.33 against 3.09 ms/token), the 149M random config (bench-150m) 1.30x (107 against 138 ms). That step
+read its weights at 0.88x of the read-only roof measured between its runs in a quiet window (torch's
+kernel: 0.58x; 0.99x and 0.59x loaded; `python -m helpers.bench --rows bandwidth`). It is ordinary
+generated code, no packed or copied weights, so inductor's graph cache keeps it: a new process loads the
+course model's step in 5-11 s (torch's kernel: 5-9 s); the cold compile took 35 s there. Eagerly and for
+several rows (prefill, a verify pass, a batch) the layer calls F.linear on the same weight. The opt-in
+autotuned GEMM below was 1.06-1.26x faster still in the same runs, at 43 s of lowering in every new
+process. `gemv="library"` switches back to torch's kernel.
 
 With `gemv="library"` (the default on a GPU) the generator keeps each projection's weight transposed on a
 CPU, (in, out) and contiguous (`input_major_copy`): for a batch-1 step, torch's matrix-vector product over
