@@ -52,6 +52,7 @@ from .block_pool import BlockPool
 from .model_runner import DECODE_ATTENTION, SequenceChunk, default_decode_attention, forward_step
 from .paged_cache import PagedKVCache
 from .request import FINISHED, Request
+from .row_tiles import invariant_widths
 from .scheduler import Scheduler
 from .static_scheduler import StaticScheduler
 
@@ -93,24 +94,27 @@ class Engine:
         whatever else runs in its steps (alone, or among max_num_seqs - 1 others), on a given machine.
         Without it a row's logits can change with its neighbours: the BLAS picks its blocking, and so the
         order of each dot product's sum, by the number of rows M of the step, and a near-tie then flips a
-        greedy token. How: every matmul runs on tiles of exactly max_num_seqs rows (model_runner.py), a
-        prompt is computed in the same chunks of max_num_batched_tokens - max_num_seqs tokens (the whole
-        prompt without chunked prefill) whatever else runs, a preempted request replays the same pieces
-        (scheduler.py), and attention is one request at a time. Cost: padding rows in steps of fewer than
-        max_num_seqs rows (a tail of few requests, or a request alone), and a prompt chunk that does not fit
-        a step's leftover budget waits a step instead of being cut (helpers/serving/bench.py measures the
-        tokens/s). Left out: the same request on another machine, thread count or torch build (other
-        kernels), another max_num_seqs or max_num_batched_tokens, or with sampling's own randomness shared
-        (a request without a seed draws from torch's global generator, whose state depends on the others);
-        prefix caching and the static policy are refused in this mode (a cached prefix was computed in
-        another request's chunks)."""
+        greedy token. How: every matmul runs on tiles whose number of rows stays in a range the library is
+        measured to treat alike (row_tiles.py: on x86 with MKL, from a few rows up; where no such range
+        is found, exactly max_num_seqs rows), a prompt is computed in the same chunks of max_num_batched_tokens -
+        max_num_seqs tokens (the whole prompt without chunked prefill) whatever else runs, a preempted
+        request replays the same pieces (scheduler.py), and attention is one request at a time. Cost: the
+        measurement, once per process (about a second); zero rows padding a step smaller than the range;
+        a prompt chunk that does not fit a step's leftover budget waits a step instead of being cut; and,
+        where no range is found, every step padded to max_num_seqs rows, the tail of a workload included
+        (helpers/serving/bench.py measures the tokens/s). Left out: the same request on another machine,
+        thread count or torch build (other kernels), another max_num_seqs or max_num_batched_tokens, or
+        with sampling's own randomness shared (a request without a seed draws from torch's global
+        generator, whose state depends on the others); prefix caching and the static policy are refused
+        in this mode (a cached prefix was computed in another request's chunks)."""
         max_num_batched_tokens = params.check_engine_args(
             model, num_blocks, block_size, max_num_seqs, max_num_batched_tokens, enable_prefix_caching,
             chunked_prefill, policy, step_log)
         fixed_chunk = params.check_batch_invariant(model, batch_invariant, policy, enable_prefix_caching,
                                                    chunked_prefill, max_num_seqs, max_num_batched_tokens)
         self.batch_invariant = batch_invariant
-        self.row_tile = max_num_seqs if batch_invariant else None  # every matmul's M in the mode
+        # every matmul's number of rows in the mode: from lo to hi (row_tiles.py)
+        self.row_widths = invariant_widths(model, max_num_batched_tokens, max_num_seqs) if batch_invariant else None
         self.model, self.block_size, self.step_log = model, block_size, step_log
         if decode_attention is None:
             decode_attention = default_decode_attention(model, block_size)
@@ -212,7 +216,7 @@ class Engine:
                                         None if r.finished else r.request_id))  # a padded row's KV is nobody's
         t_chunks = time.perf_counter()
         logits = forward_step(self.model, self.cache, chunks, self.decode_attention, self.timings,
-                              self.row_tile)  # (n_sampled, V)
+                              self.row_widths)  # (n_sampled, V)
         t_forward = time.perf_counter()
         sampled = [s.request for s, c in zip(scheduled, chunks) if c.want_logits]
         tokens = self._sample(sampled, logits)
