@@ -315,7 +315,7 @@ class Engine:
         plain = [i for i, r in enumerate(requests) if r.finished or (
             r.sampling.greedy and not r.logits_processors and not _penalised(r.sampling))]
         if plain:
-            rows = logits[plain]  # (n_plain, V)
+            rows = logits if len(plain) == len(requests) else logits[plain]  # (n_plain, V)
             valid = torch.isfinite(rows.amax(dim=-1)).tolist()  # no NaN or +inf, not all -inf
             for i, t, ok in zip(plain, rows.argmax(dim=-1).tolist(), valid):
                 out[i] = t if ok or requests[i].finished else ValueError(
@@ -339,12 +339,18 @@ class Engine:
         return int(next_token(row, r.sampling, r.generator, ids if _penalised(r.sampling) else None)[0, 0])
 
     def _filled_slots(self) -> int:
-        filled: dict[int, int] = {}  # block id -> slots holding computed tokens
+        """Slots holding computed tokens in the blocks in use, a block shared by several requests once. Only
+        full blocks are ever shared (the prefix cache hands out full blocks), so: the distinct full blocks,
+        plus each request's part-full last block (per request, not per block: the step stays O(requests))."""
+        full: set[int] = set()
+        partial: list[tuple[int, int]] = []
         bs = self.block_size
         for r in self.scheduler.running:
-            for j, b in enumerate(r.block_table):
-                filled[b] = max(filled.get(b, 0), min(bs, max(0, r.num_computed - j * bs)))
-        return sum(filled.values())
+            n_full = min(r.num_computed // bs, len(r.block_table))
+            full.update(r.block_table[:n_full])
+            if n_full < len(r.block_table) and r.num_computed > n_full * bs:
+                partial.append((r.block_table[n_full], r.num_computed - n_full * bs))
+        return bs * len(full) + sum(n for b, n in partial if b not in full)
 
     def _stop_reason(self, r: Request) -> str | None:
         if r.stop is not None:

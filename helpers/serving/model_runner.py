@@ -131,14 +131,15 @@ def forward_step(model, cache: PagedKVCache, chunks: list[SequenceChunk],
     for layer_idx, layer in enumerate(model.layers):
         attn = layer.attn
         H, Hkv, D = attn.n_heads, attn.n_kv_heads, attn.head_dim
-        q, k, v = tiled((layer.attn_norm, attn.wqkv), x, row_widths)[:N].split(attn.split_sizes, dim=-1)
-        q = apply_rope(q.view(-1, H, D), cos, sin)  # (N, H, D), contiguous: tokens first, as the kernel reads it
-        k = apply_rope(k.view(-1, Hkv, D), cos, sin)  # (N, Hkv, D)
-        cache.write(layer_idx, slots, k, v.view(-1, Hkv, D))  # the cache owns the write
+        qkv = tiled((layer.attn_norm, attn.wqkv), x, row_widths)[:N]  # (N, (H + 2 * Hkv) * D)
+        # q's and k's heads rotated in one call (the same elementwise arithmetic as one call each)
+        qk = apply_rope(qkv[:, :(H + Hkv) * D].view(N, H + Hkv, D), cos, sin)  # (N, H + Hkv, D)
+        q, k = qk[:, :H], qk[:, H:]  # (N, H, D), (N, Hkv, D): views
+        cache.write(layer_idx, slots, k, qkv[:, (H + Hkv) * D:].view(N, Hkv, D))  # the cache owns the write
 
         t0 = time.perf_counter()
         if decode:
-            qd = q if all_decode else q[dec_rows]  # (Bd, H, D)
+            qd = q.contiguous() if all_decode else q[dec_rows]  # (Bd, H, D), tokens first, as the kernel reads it
             if decode_attention == "in_place":
                 yd = paged_decode_attention(qd, cache.k[layer_idx], cache.v[layer_idx], dec_tables, dec_len,
                                             bs)  # (Bd, H, D)
@@ -158,7 +159,7 @@ def forward_step(model, cache: PagedKVCache, chunks: list[SequenceChunk],
         if all_decode:
             y = yd  # (N, H, D)
         else:
-            y = torch.empty_like(q)  # (N, H, D)
+            y = q.new_empty(N, H, D)  # (N, H, D)
             if decode:
                 y[dec_rows] = yd
         for i, table in zip(prefill, pre_tables):
