@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from ..model import apply_rope, causal_mask
-from .paged_attention import kernel_available, paged_decode_attention
+from .paged_attention import PagedDecoder, kernel_available
 from .paged_cache import PagedKVCache
 from .row_tiles import padding, tiled
 
@@ -108,11 +108,13 @@ def forward_step(model, cache: PagedKVCache, chunks: list[SequenceChunk],
     prefill = [i for i, c in enumerate(chunks) if len(c.token_ids) > 1]
     all_decode = len(decode) == len(chunks)  # the common step: row i is request i, no reordering needed
     if decode:
-        dec_rows = torch.tensor([rows[i][0] for i in decode], device=device)  # (Bd,)
+        dec_rows = None if all_decode else torch.tensor([rows[i][0] for i in decode], device=device)  # (Bd,)
         lengths = [chunks[i].start_pos + 1 for i in decode]  # keys each decoding request reads
         dec_tables = cache.padded_tables([chunks[i].block_table for i in decode])  # (Bd, n_blocks)
         dec_len = torch.tensor(lengths, device=device)  # (Bd,)
-        if decode_attention == "gather":
+        if decode_attention == "in_place":  # checked and converted once, called once per layer
+            decoder = PagedDecoder(dec_tables, dec_len, bs, cache.k, cache.v)
+        else:
             S = dec_tables.shape[1] * bs  # key positions read per request, padding included
             dec_mask = (torch.arange(S, device=device) < dec_len.unsqueeze(1))[:, None, None, :]  # (Bd, 1, 1, S)
             one_len = lengths[0] if len(decode) == 1 else None  # a batch of one needs no mask: cut instead
@@ -141,8 +143,7 @@ def forward_step(model, cache: PagedKVCache, chunks: list[SequenceChunk],
         if decode:
             qd = q.contiguous() if all_decode else q[dec_rows]  # (Bd, H, D), tokens first, as the kernel reads it
             if decode_attention == "in_place":
-                yd = paged_decode_attention(qd, cache.k[layer_idx], cache.v[layer_idx], dec_tables, dec_len,
-                                            bs)  # (Bd, H, D)
+                yd = decoder(layer_idx, qd)  # (Bd, H, D)
             else:
                 kd, vd = cache.gather(layer_idx, dec_tables)  # (Bd, Hkv, S, D): a dense copy
                 qd = qd.unsqueeze(2)  # (Bd, H, 1, D)
