@@ -191,6 +191,9 @@ def forward_step(model, cache: PagedKVCache, chunks: list[SequenceChunk],
     last = [r0 + T - 1 for (r0, T), c in zip(rows, chunks) if c.want_logits]
     if not last:
         return torch.empty(0, model.cfg.vocab_size, device=device)
-    x_last = x[torch.tensor(last, device=device)]  # (n_wanted, C)
+    if len(last) == N:  # every row is a chunk's last (a decode-only step): no gather needed
+        x_last = x[:N]  # (N, C)
+    else:
+        x_last = x[torch.tensor(last, device=device)]  # (n_wanted, C)
     return tiled((model.norm, model.head), x_last, row_widths)  # (n_wanted, V)
 

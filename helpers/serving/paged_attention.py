@@ -13,7 +13,8 @@ A decoding request has one query row per head and its keys/values scattered over
 views, so it copies nothing either, but it runs a few torch calls per block and is only for reading
 and checking. `paged_decode_attention` is the same loop in C (kernels/paged_decode.c, about 40 lines),
 compiled once with the machine's C compiler and cached under .cache/kernels/; the engine uses it for
-every decoding request. tests/test_paged_attention.py checks both against the gather path and SDPA.
+every decoding request, through `PagedDecoder` (the step's tables checked and converted once, then one
+call per layer). tests/test_paged_attention.py checks both against the gather path and SDPA.
 
 Why a C loop and not torch.compile or FlexAttention: measured with one thread on a 2-core x86 CPU
 (batch 32, 513 keys each, the course model's heads), a compiled torch expression of the same indexing
