@@ -66,7 +66,6 @@ def default_decode_attention(model, block_size: int = 16) -> str:
     return "in_place" if built else "gather"
 
 
-@torch.no_grad()
 def forward_step(model, cache: PagedKVCache, chunks: list[SequenceChunk],
                  decode_attention: str | None = None, timings: dict | None = None,
                  row_widths: tuple[int, int] | None = None) -> torch.Tensor:
@@ -78,6 +77,18 @@ def forward_step(model, cache: PagedKVCache, chunks: list[SequenceChunk],
     step breakdown; a clock read costs well under a microsecond). row_widths: None (each matmul sees all the
     step's rows at once) or (lo, hi): every matmul runs on tiles of lo to hi rows (the batch-invariant mode,
     row_tiles.py)."""
+    with torch.inference_mode():  # no autograd bookkeeping on any op of the pass: less time per call
+        x_last = _forward_rows(model, cache, chunks, decode_attention, timings, row_widths)  # (n_wanted, C)
+    if x_last is None:
+        return torch.empty(0, model.cfg.vocab_size, device=model.device)
+    with torch.no_grad():  # outside inference mode, so the logits are a plain tensor a caller may change
+        return tiled((model.norm, model.head), x_last, row_widths)  # (n_wanted, V)
+
+
+def _forward_rows(model, cache: PagedKVCache, chunks: list[SequenceChunk], decode_attention: str | None,
+                  timings: dict | None, row_widths: tuple[int, int] | None) -> torch.Tensor | None:
+    """forward_step up to the final norm: the hidden state of each chunk's last token that wants logits
+    (n_wanted, C), or None when none does."""
     if row_widths is not None and not (isinstance(row_widths, tuple) and len(row_widths) == 2
                                        and all(isinstance(w, int) and not isinstance(w, bool) for w in row_widths)
                                        and 1 <= row_widths[0] <= row_widths[1]):
@@ -190,10 +201,8 @@ def forward_step(model, cache: PagedKVCache, chunks: list[SequenceChunk],
         timings["attention"] = timings.get("attention", 0.0) + t_attention
     last = [r0 + T - 1 for (r0, T), c in zip(rows, chunks) if c.want_logits]
     if not last:
-        return torch.empty(0, model.cfg.vocab_size, device=device)
+        return None
     if len(last) == N:  # every row is a chunk's last (a decode-only step): no gather needed
-        x_last = x[:N]  # (N, C)
-    else:
-        x_last = x[torch.tensor(last, device=device)]  # (n_wanted, C)
-    return tiled((model.norm, model.head), x_last, row_widths)  # (n_wanted, V)
+        return x[:N]  # (N, C)
+    return x[torch.tensor(last, device=device)]  # (n_wanted, C)
 
