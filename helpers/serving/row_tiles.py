@@ -14,7 +14,7 @@ M from hi down to 1, and keeps the smallest lo such that for every M in [lo, hi]
 bit, the same row computed among hi rows. A row's output depends only on that row's input and the order
 of the sums, and random inputs make any change of order show in the last bits, so trying every M in the
 range checks every shape a step can call. `tiled` then runs a step's rows in tiles of at most hi rows,
-zero-padded to at least lo (with MKL on x86, lo is typically 4: the small-M kernels differ). Where no
+zero-padded to at least lo (with MKL on x86, lo is a few rows: the smallest M take other kernels). Where no
 lo <= fallback works, it returns (fallback, fallback): every call gets exactly `fallback` rows, the same
 shape whatever the step holds (the fixed tile, which costs the padding of every small step).
 
