@@ -6,6 +6,7 @@ request (recorded by a logits processor) must be equal bit for bit, and so its g
 comparison outside the mode is printed, not asserted: whether the BLAS's blocking changes a row's sum with
 the number of rows depends on the machine (on x86 with MKL or oneDNN it usually does).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -52,8 +53,10 @@ def run(model, workload, alone: bool, **engine_args):
 def count_differing(a, b):
     """(requests whose tokens differ, requests with any logits row not bitwise equal)."""
     tokens = sum(x != y for x, y in zip(a[0], b[0]))
-    logits = sum(len(x.rows) != len(y.rows) or any(not torch.equal(p, q) for p, q in zip(x.rows, y.rows))
-                 for x, y in zip(a[1], b[1]))
+    logits = sum(
+        len(x.rows) != len(y.rows) or any(not torch.equal(p, q) for p, q in zip(x.rows, y.rows))
+        for x, y in zip(a[1], b[1])
+    )
     return tokens, logits
 
 
@@ -67,18 +70,21 @@ def test_alone_equals_busy_bitwise(model_and_workload, decode_attention):
     tokens, logits = count_differing(alone, busy)
     assert (tokens, logits) == (0, 0), f"in the mode {tokens} outputs and {logits} logit traces of {len(wl)} differ"
     if decode_attention is None:  # the same comparison outside the mode, for the record
-        plain = count_differing(run(model, wl, True, decode_attention=decode_attention),
-                                run(model, wl, False, decode_attention=decode_attention))
-        print(f"\noutside the mode: {plain[0]} outputs and {plain[1]} logit traces of {len(wl)} differ "
-              f"(alone vs busy)")
+        plain = count_differing(
+            run(model, wl, True, decode_attention=decode_attention),
+            run(model, wl, False, decode_attention=decode_attention),
+        )
+        print(f"\noutside the mode: {plain[0]} outputs and {plain[1]} logit traces of {len(wl)} differ (alone vs busy)")
 
 
 def test_bad_arguments_name_the_parameter(model_and_workload):
     model, _ = model_and_workload
-    cases = [(dict(batch_invariant="yes"), "batch_invariant"),
-             (dict(batch_invariant=True, enable_prefix_caching=True), "batch_invariant"),
-             (dict(batch_invariant=True, policy="static"), "batch_invariant"),
-             (dict(batch_invariant=True, max_num_seqs=32, max_num_batched_tokens=32), "max_num_batched_tokens")]
+    cases = [
+        (dict(batch_invariant="yes"), "batch_invariant"),
+        (dict(batch_invariant=True, enable_prefix_caching=True), "batch_invariant"),
+        (dict(batch_invariant=True, policy="static"), "batch_invariant"),
+        (dict(batch_invariant=True, max_num_seqs=32, max_num_batched_tokens=32), "max_num_batched_tokens"),
+    ]
     for kwargs, param in cases:
         with pytest.raises(InvalidParameter) as err:
             Engine(model, num_blocks=64, **kwargs)

@@ -1,5 +1,6 @@
 """Rows for chapter 12: speculative decoding (draft model, prompt lookup), eager and compiled, against plain
 decoding."""
+
 from __future__ import annotations
 
 from functools import partial
@@ -8,6 +9,15 @@ import torch
 
 from ..measure.timing import median, time_interleaved, timed
 from .rows import Row, ratios
+
+
+def row_against_plain(name, baseline, candidate, tb, tc, n_prompts, n_new, target, same_output, **fields) -> Row:
+    """A row of speculative decoding against plain decoding from their interleaved times (tb, tc: one per
+    generation of n_new tokens, n_prompts per repeat): one ratio per repeat, of its prompts' total times, and
+    each side's throughput in tokens/s."""
+    pairs = [sum(tb[i : i + n_prompts]) / sum(tc[i : i + n_prompts]) for i in range(0, len(tb), n_prompts)]
+    tok_s = [f"{n_new * len(t) / sum(t):.0f} tok/s" for t in (tb, tc)]
+    return Row(name, baseline, candidate, pairs, *tok_s, target=target, same_output=same_output, **fields)
 
 
 def rows_speculative(target, draft, tok, n_new: int, repeats: int, progress) -> list[Row]:
@@ -33,9 +43,11 @@ def rows_speculative(target, draft, tok, n_new: int, repeats: int, progress) -> 
         stats[label] = stats.get(label, SpeculativeStats()).merge(st)
         return out
 
-    for label, temperature, target_ratio in [("speculative, draft model, greedy", 0.0, 2.0),
-                                             ("speculative, draft model, T=1", 1.0, 1.3),
-                                             ("speculative, prompt lookup, greedy", 0.0, None)]:
+    for label, temperature, target_ratio in [
+        ("speculative, draft model, greedy", 0.0, 2.0),
+        ("speculative, draft model, T=1", 1.0, 1.3),
+        ("speculative, prompt lookup, greedy", 0.0, None),
+    ]:
         tb, tc, same = [], [], True
         for r in range(repeats):
             for p in prompts:
@@ -47,14 +59,13 @@ def rows_speculative(target, draft, tok, n_new: int, repeats: int, progress) -> 
                 if temperature == 0:
                     same &= torch.equal(out_b, out_c)
         progress()
-        pairs = [sum(tb[i:i + len(prompts)]) / sum(tc[i:i + len(prompts)]) for i in range(0, len(tb), len(prompts))]
         note = "" if temperature == 0 else "distribution: tests/test_speculative.py"
         if label in stats:  # draft-model rows: how often the draft was right
             st = stats[label]
             note = f"alpha {st.acceptance_rate:.2f}, {st.tokens_per_target_call:.2f} tokens/target call " + note
-        rows.append(Row(label + " vs plain", "plain cached", "speculative", pairs,
-                        f"{n_new * len(tb) / sum(tb):.0f} tok/s", f"{n_new * len(tc) / sum(tc):.0f} tok/s",
-                        target=target_ratio, same_output=same if temperature == 0 else None, note=note.strip()))
+        same_out = same if temperature == 0 else None
+        names = (label + " vs plain", "plain cached", "speculative")
+        rows.append(row_against_plain(*names, tb, tc, len(prompts), n_new, target_ratio, same_out, note=note.strip()))
 
     # the premise: one target pass over gamma + 1 tokens vs one single-token step, at position 64..
     ids = torch.tensor([prompts[0]], device=target.device)
@@ -65,21 +76,39 @@ def rows_speculative(target, draft, tok, n_new: int, repeats: int, progress) -> 
         def run():
             cache.truncate(ids.shape[1])
             target(nxt[:, :T], cache=cache, check=False)
+
         return run
 
     with torch.inference_mode():
         target(ids, cache=cache)
         tb, tc = time_interleaved([step(DEFAULT_GAMMA + 1), step(1)], target.device, 30 * repeats, warmup=5)
-    rows.append(Row(f"cost of a {DEFAULT_GAMMA + 1}-token verify pass / 1 step", f"{DEFAULT_GAMMA + 1} tokens",
-                    "1 token", ratios(tb, tc), f"{median(tb) * 1e3:.2f} ms",
-                    f"{median(tc) * 1e3:.2f} ms",
-                    note="speculation pays when this is near 1 (memory-bound decode)"))
+    rows.append(
+        Row(
+            f"cost of a {DEFAULT_GAMMA + 1}-token verify pass / 1 step",
+            f"{DEFAULT_GAMMA + 1} tokens",
+            "1 token",
+            ratios(tb, tc),
+            f"{median(tb) * 1e3:.2f} ms",
+            f"{median(tc) * 1e3:.2f} ms",
+            note="speculation pays when this is near 1 (memory-bound decode)",
+        )
+    )
     return rows
 
 
-def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast, progress,
-                              gamma: int | None = None, sampled_gamma: int | None = None, label: str = "",
-                              fused_only: bool = False) -> list[Row]:
+def rows_speculative_compiled(
+    target,
+    draft,
+    tok,
+    n_new: int,
+    repeats: int,
+    fast,
+    progress,
+    gamma: int | None = None,
+    sampled_gamma: int | None = None,
+    label: str = "",
+    fused_only: bool = False,
+) -> list[Row]:
     """Speculative decoding with compiled draft and verify steps (FastGenerators, helpers.speculative) against
     plain compiled decoding (`fast`, the same generator as the target's), on rows_speculative's prompts:
     greedy and T=1, each with every round one compiled graph (the default) and with the models called one
@@ -111,13 +140,16 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
     # before any timing: compiling is not decoding
     warmup_speculative(fast, fast_draft, gamma)
     warmup_speculative(fast, fast_draft, sampled_gamma, temperature=1.0)
-    rounds = {0.0: fused_rounds(fast, fast_draft, gamma, sampled=False),
-              1.0: fused_rounds(fast, fast_draft, sampled_gamma, sampled=True)}
+    rounds = {
+        0.0: fused_rounds(fast, fast_draft, gamma, sampled=False),
+        1.0: fused_rounds(fast, fast_draft, sampled_gamma, sampled=True),
+    }
     secs = {t: r.compile_seconds if r is not None else 0.0 for t, r in rounds.items()}
     gammas = sorted({gamma, sampled_gamma})
     compiled = all(g + 1 in fast.compiled_token_counts for g in gammas) and 2 in fast_draft.compiled_token_counts
-    verify_note = ", ".join(f"{g + 1}-token verify graph {fast.compile_seconds_by_tokens.get(g + 1, 0):.0f} s"
-                            for g in gammas)
+    verify_note = ", ".join(
+        f"{g + 1}-token verify graph {fast.compile_seconds_by_tokens.get(g + 1, 0):.0f} s" for g in gammas
+    )
 
     def compile_note(temperature):
         if not compiled:
@@ -142,8 +174,7 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
         for g in gammas:
             verify_times[g] = time_interleaved([step(g + 1), step(1)], target.device, **warm)
         # and what a draft proposal costs next to a target step: gamma of them per round
-        td, t1 = time_interleaved([lambda: fast_draft.forward(tokens[1], positions[1]), step(1)], target.device,
-                                  **warm)
+        td, t1 = time_interleaved([lambda: fast_draft.forward(tokens[1], positions[1]), step(1)], target.device, **warm)
         # and a whole round as one graph (gamma draft steps inside it, then the verify pass), where it compiled
         round_costs = {}
         for temperature, g in ((0.0, gamma), (1.0, sampled_gamma)):
@@ -155,16 +186,26 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
     c = median(td) / median(t1)
 
     rows, stats = [], {}
-    variants = [("greedy", 0.0, gamma, True, 2.0), ("greedy, models called one at a time", 0.0, gamma, False, None),
-                ("T=1", 1.0, sampled_gamma, True, 1.3),
-                ("T=1, models called one at a time", 1.0, sampled_gamma, False, None)]
+    variants = [
+        ("greedy", 0.0, gamma, True, 2.0),
+        ("greedy, models called one at a time", 0.0, gamma, False, None),
+        ("T=1", 1.0, sampled_gamma, True, 1.3),
+        ("T=1, models called one at a time", 1.0, sampled_gamma, False, None),
+    ]
     if fused_only:
         variants = [v for v in variants if v[3]]
     for name, temperature, g, fuse, target_ratio in variants:
         tb, tc, same = [], [], True
         plain = partial(fast.generate, max_new_tokens=n_new, temperature=temperature)
-        spec = partial(speculative_generate, fast, fast_draft, max_new_tokens=n_new, gamma=g, temperature=temperature,
-                       fuse_rounds=fuse)
+        spec = partial(
+            speculative_generate,
+            fast,
+            fast_draft,
+            max_new_tokens=n_new,
+            gamma=g,
+            temperature=temperature,
+            fuse_rounds=fuse,
+        )
         for r in range(repeats):
             for p in prompts:
                 gb, gc = torch.Generator().manual_seed(r), torch.Generator().manual_seed(r)
@@ -176,33 +217,61 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
                 if temperature == 0:
                     same &= torch.equal(out_b, out_c)
         progress()
-        pairs = [sum(tb[i:i + len(prompts)]) / sum(tc[i:i + len(prompts)]) for i in range(0, len(tb), len(prompts))]
         st = stats[name]
         e = st.tokens_per_target_call
         model_bound, free_verify = e / (v[g] + g * c), e / (1 + g * c)
         R = round_costs.get(temperature) if fuse else None  # the round graph, in target steps
         # what the round graph allows, and with every proposal accepted: what no draft of this cost can beat
         round_bound, all_accepted = (e / R, (g + 1) / R) if R else (None, None)
-        note = (f"gamma {g}, alpha {st.acceptance_rate:.2f}, {e:.2f} tokens/target call, v {v[g]:.2f}; the costs "
-                f"allow {model_bound:.2f}x, {free_verify:.2f}x with v = 1"
-                + (f"; a round graph costs {R:.2f} steps: {round_bound:.2f}x, {all_accepted:.2f}x accepting every "
-                   "proposal" if R else "")
-                + (", distribution: tests/test_speculative.py" if temperature else "")
-                + f"; {compile_note(temperature)}")
-        rows.append(Row(f"speculative compiled{label}, draft model, {name} vs plain compiled{label}", "plain compiled",
-                        "speculative compiled", pairs, f"{n_new * len(tb) / sum(tb):.0f} tok/s",
-                        f"{n_new * len(tc) / sum(tc):.0f} tok/s", target=target_ratio,
-                        same_output=same if temperature == 0 else None, note=note,
-                        extra={"alpha": st.acceptance_rate, "tokens_per_target_call": e, "gamma": g,
-                               "compile_seconds": secs[temperature], "fused_rounds": fuse,
-                               "cost_model_bound": model_bound, "bound_with_free_verify": free_verify,
-                               "round_graph_steps": R, "round_graph_bound": round_bound,
-                               "bound_accepting_every_proposal": all_accepted}))
+        note = (
+            f"gamma {g}, alpha {st.acceptance_rate:.2f}, {e:.2f} tokens/target call, v {v[g]:.2f}; the costs "
+            f"allow {model_bound:.2f}x, {free_verify:.2f}x with v = 1"
+            + (
+                f"; a round graph costs {R:.2f} steps: {round_bound:.2f}x, {all_accepted:.2f}x accepting every proposal"
+                if R
+                else ""
+            )
+            + (", distribution: tests/test_speculative.py" if temperature else "")
+            + f"; {compile_note(temperature)}"
+        )
+        rows.append(
+            row_against_plain(
+                f"speculative compiled{label}, draft model, {name} vs plain compiled{label}",
+                "plain compiled",
+                "speculative compiled",
+                tb,
+                tc,
+                len(prompts),
+                n_new,
+                target_ratio,
+                same if temperature == 0 else None,
+                note=note,
+                extra={
+                    "alpha": st.acceptance_rate,
+                    "tokens_per_target_call": e,
+                    "gamma": g,
+                    "compile_seconds": secs[temperature],
+                    "fused_rounds": fuse,
+                    "cost_model_bound": model_bound,
+                    "bound_with_free_verify": free_verify,
+                    "round_graph_steps": R,
+                    "round_graph_bound": round_bound,
+                    "bound_accepting_every_proposal": all_accepted,
+                },
+            )
+        )
     for g in gammas:
         tv, t = verify_times[g]
-        rows.append(Row(f"compiled{label}: cost of a {g + 1}-token verify pass / 1 step", f"{g + 1} tokens", "1 token",
-                        ratios(tv, t), f"{median(tv) * 1e3:.2f} ms", f"{median(t) * 1e3:.2f} ms",
-                        note=f"speculation pays when this is near 1; a draft step costs {c:.2f} target steps",
-                        extra={"draft_step_over_target_step": c}))
+        rows.append(
+            Row(
+                f"compiled{label}: cost of a {g + 1}-token verify pass / 1 step",
+                f"{g + 1} tokens",
+                "1 token",
+                ratios(tv, t),
+                f"{median(tv) * 1e3:.2f} ms",
+                f"{median(t) * 1e3:.2f} ms",
+                note=f"speculation pays when this is near 1; a draft step costs {c:.2f} target steps",
+                extra={"draft_step_over_target_step": c},
+            )
+        )
     return rows
-

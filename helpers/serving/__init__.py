@@ -27,10 +27,10 @@ an OpenAI-compatible HTTP server over it (chapter 14).
     rid = engine.submit(prompt_ids, max_tokens=64)
     outputs = engine.run()          # {request_id: generated ids}
 """
+
 from .block_pool import BlockPool, block_hash, prefix_hashes
 from .engine import Engine, StepOutput, StepRecord
 from .paged_cache import PagedKVCache
 from .request import Request
 
-__all__ = ["BlockPool", "block_hash", "prefix_hashes", "Engine", "StepOutput", "StepRecord", "PagedKVCache",
-           "Request"]
+__all__ = ["BlockPool", "block_hash", "prefix_hashes", "Engine", "StepOutput", "StepRecord", "PagedKVCache", "Request"]

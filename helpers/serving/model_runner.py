@@ -30,6 +30,7 @@ modules and weights; tests/test_serving.py checks it against `generate` token fo
 Out of scope (vLLM has them): CUDA graphs for the decode batch, a varlen attention kernel for prefill
 chunks, tensor parallelism, LoRA adapters, and sampling on the device without a host round trip.
 """
+
 from __future__ import annotations
 
 import time
@@ -47,6 +48,7 @@ from .row_tiles import padding, tiled
 @dataclass
 class SequenceChunk:
     """What one request contributes to a step."""
+
     token_ids: list[int]  # the new tokens (1 when decoding)
     start_pos: int  # position of the first of them = tokens already in the cache
     block_table: list[int]  # the request's blocks, covering positions 0 .. start_pos + len(token_ids) - 1
@@ -58,7 +60,7 @@ DECODE_ATTENTION = ("in_place", "gather")
 
 
 def default_decode_attention(model, block_size: int = 16) -> str:
-    """"in_place" for a float32 model on the CPU where the C kernel builds (a C compiler is present), else
+    """ "in_place" for a float32 model on the CPU where the C kernel builds (a C compiler is present), else
     "gather" (the kernel is CPU float32 only)."""
     cfg = model.cfg
     cpu32 = model.device.type == "cpu" and model.dtype == torch.float32
@@ -66,9 +68,14 @@ def default_decode_attention(model, block_size: int = 16) -> str:
     return "in_place" if built else "gather"
 
 
-def forward_step(model, cache: PagedKVCache, chunks: list[SequenceChunk],
-                 decode_attention: str | None = None, timings: dict | None = None,
-                 row_widths: tuple[int, int] | None = None) -> torch.Tensor:
+def forward_step(
+    model,
+    cache: PagedKVCache,
+    chunks: list[SequenceChunk],
+    decode_attention: str | None = None,
+    timings: dict | None = None,
+    row_widths: tuple[int, int] | None = None,
+) -> torch.Tensor:
     """Run one step. Returns logits (n_wanted, V) for the last token of each chunk with want_logits, in order.
 
     decode_attention: "in_place" (read the blocks where they lie), "gather" (dense copy, then SDPA), or
@@ -85,13 +92,22 @@ def forward_step(model, cache: PagedKVCache, chunks: list[SequenceChunk],
         return tiled((model.norm, model.head), x_last, row_widths)  # (n_wanted, V)
 
 
-def _forward_rows(model, cache: PagedKVCache, chunks: list[SequenceChunk], decode_attention: str | None,
-                  timings: dict | None, row_widths: tuple[int, int] | None) -> torch.Tensor | None:
+def _forward_rows(
+    model,
+    cache: PagedKVCache,
+    chunks: list[SequenceChunk],
+    decode_attention: str | None,
+    timings: dict | None,
+    row_widths: tuple[int, int] | None,
+) -> torch.Tensor | None:
     """forward_step up to the final norm: the hidden state of each chunk's last token that wants logits
     (n_wanted, C), or None when none does."""
-    if row_widths is not None and not (isinstance(row_widths, tuple) and len(row_widths) == 2
-                                       and all(isinstance(w, int) and not isinstance(w, bool) for w in row_widths)
-                                       and 1 <= row_widths[0] <= row_widths[1]):
+    if row_widths is not None and not (
+        isinstance(row_widths, tuple)
+        and len(row_widths) == 2
+        and all(isinstance(w, int) and not isinstance(w, bool) for w in row_widths)
+        and 1 <= row_widths[0] <= row_widths[1]
+    ):
         raise ValueError(f"row_widths must be None or a pair of ints 1 <= lo <= hi; got {row_widths!r}")
     if decode_attention is None:
         decode_attention = default_decode_attention(model, cache.block_size)
@@ -146,9 +162,9 @@ def _forward_rows(model, cache: PagedKVCache, chunks: list[SequenceChunk], decod
         H, Hkv, D = attn.n_heads, attn.n_kv_heads, attn.head_dim
         qkv = tiled((layer.attn_norm, attn.wqkv), x, row_widths)[:N]  # (N, (H + 2 * Hkv) * D)
         # q's and k's heads rotated in one call (the same elementwise arithmetic as one call each)
-        qk = apply_rope(qkv[:, :(H + Hkv) * D].view(N, H + Hkv, D), cos, sin)  # (N, H + Hkv, D)
+        qk = apply_rope(qkv[:, : (H + Hkv) * D].view(N, H + Hkv, D), cos, sin)  # (N, H + Hkv, D)
         q, k = qk[:, :H], qk[:, H:]  # (N, H, D), (N, Hkv, D): views
-        cache.write(layer_idx, slots, k, qkv[:, (H + Hkv) * D:].view(N, Hkv, D))  # the cache owns the write
+        cache.write(layer_idx, slots, k, qkv[:, (H + Hkv) * D :].view(N, Hkv, D))  # the cache owns the write
 
         t0 = time.perf_counter()
         if decode:
@@ -159,12 +175,16 @@ def _forward_rows(model, cache: PagedKVCache, chunks: list[SequenceChunk], decod
                 kd, vd = cache.gather(layer_idx, dec_tables)  # (Bd, Hkv, S, D): a dense copy
                 qd = qd.unsqueeze(2)  # (Bd, H, 1, D)
                 if one_len is not None:
-                    yd = F.scaled_dot_product_attention(qd, kd[:, :, :one_len], vd[:, :, :one_len],
-                                                        enable_gqa=Hkv != H)
+                    yd = F.scaled_dot_product_attention(qd, kd[:, :, :one_len], vd[:, :, :one_len], enable_gqa=Hkv != H)
                 elif dec_mask is None:  # the invariant mode: one request at a time, its own length
-                    yd = torch.cat([F.scaled_dot_product_attention(qd[b:b + 1], kd[b:b + 1, :, :L],
-                                                                   vd[b:b + 1, :, :L], enable_gqa=Hkv != H)
-                                    for b, L in enumerate(lengths)])  # (Bd, H, 1, D)
+                    yd = torch.cat(
+                        [
+                            F.scaled_dot_product_attention(
+                                qd[b : b + 1], kd[b : b + 1, :, :L], vd[b : b + 1, :, :L], enable_gqa=Hkv != H
+                            )
+                            for b, L in enumerate(lengths)
+                        ]
+                    )  # (Bd, H, 1, D)
                 else:
                     yd = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=dec_mask, enable_gqa=Hkv != H)
                 yd = yd[:, :, 0]  # (Bd, H, D)
@@ -179,13 +199,14 @@ def _forward_rows(model, cache: PagedKVCache, chunks: list[SequenceChunk], decod
             S = chunks[i].start_pos + T  # keys this chunk's queries may see
             kp, vp = cache.gather(layer_idx, table)  # (1, Hkv, n_blocks * block_size, D)
             kp, vp = kp[:, :, :S], vp[:, :, :S]  # (1, Hkv, S, D)
-            qp = q[r0:r0 + T].transpose(0, 1).unsqueeze(0)  # (1, H, T, D)
+            qp = q[r0 : r0 + T].transpose(0, 1).unsqueeze(0)  # (1, H, T, D)
             if S == T:  # a whole prompt: the plain causal mask, as model.py's prefill uses
                 yp = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, enable_gqa=Hkv != H)
             else:  # a later chunk, or a prompt whose prefix came from the prefix cache
-                yp = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=causal_mask(T, S, device=device),
-                                                    enable_gqa=Hkv != H)
-            y[r0:r0 + T] = yp[0].transpose(0, 1)  # (T, H, D)
+                yp = F.scaled_dot_product_attention(
+                    qp, kp, vp, attn_mask=causal_mask(T, S, device=device), enable_gqa=Hkv != H
+                )
+            y[r0 : r0 + T] = yp[0].transpose(0, 1)  # (T, H, D)
         t_attention += time.perf_counter() - t0
         y = y.reshape(N, H * D)
         if x.shape[0] != N:  # the padding rows' attention output: zeros
@@ -205,4 +226,3 @@ def _forward_rows(model, cache: PagedKVCache, chunks: list[SequenceChunk], decod
     if len(last) == N:  # every row is a chunk's last (a decode-only step): no gather needed
         return x[:N]  # (N, C)
     return x[torch.tensor(last, device=device)]  # (n_wanted, C)
-

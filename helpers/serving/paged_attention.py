@@ -30,6 +30,7 @@ Left out: threads (the course runs one), dtypes other than float32, ALiBi/soft-c
 the split-K (flash-decoding) partition of one long context across cores, and GPUs (vLLM's and
 FlashInfer's kernels are the real ones; the same layout and loop are what they tile).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -54,8 +55,9 @@ KERNELS = CACHE / "kernels"
 FLAG_SETS = (["-O3", "-march=native", "-ffast-math"], ["-O3", "-ffast-math"], ["-O2"])
 
 
-def attention_by_blocks(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, table: list[int],
-                        length: int, block_size: int) -> torch.Tensor:
+def attention_by_blocks(
+    q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, table: list[int], length: int, block_size: int
+) -> torch.Tensor:
     """One request's decode attention read block by block from the pool, with the online softmax.
 
     q (H, D); k_pool, v_pool (num_blocks * block_size, Hkv, D) one layer's pool; table: the request's
@@ -69,8 +71,8 @@ def attention_by_blocks(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Ten
     for j in range(math.ceil(length / block_size)):
         start = table[j] * block_size
         used = min(block_size, length - j * block_size)  # the last block may be part full
-        k = k_pool[start:start + used].transpose(0, 1)  # (Hkv, used, D): a view of the pool, no copy
-        v = v_pool[start:start + used].transpose(0, 1)
+        k = k_pool[start : start + used].transpose(0, 1)  # (Hkv, used, D): a view of the pool, no copy
+        v = v_pool[start : start + used].transpose(0, 1)
         s = qg @ k.transpose(1, 2)  # (Hkv, G, used)
         m_new = torch.maximum(m, s.amax(-1, keepdim=True))
         p = torch.exp(s - m_new)  # (Hkv, G, used)
@@ -106,8 +108,10 @@ def _build(head_dim: int, kv_heads: int, group: int, block_size: int) -> ctypes.
             with tempfile.TemporaryDirectory(dir=folder) as tmp:
                 obj, so = os.path.join(tmp, "k.o"), os.path.join(tmp, "k.so")
                 compiled = subprocess.run([cc, *flags, *sizes, "-fPIC", "-c", SOURCE, "-o", obj], capture_output=True)
-                if compiled.returncode or subprocess.run([cc, "-shared", obj, "-o", so, "-lm"],
-                                                         capture_output=True).returncode:
+                if (
+                    compiled.returncode
+                    or subprocess.run([cc, "-shared", obj, "-o", so, "-lm"], capture_output=True).returncode
+                ):
                     continue
                 os.replace(so, path)  # atomic: a second process never loads a half-written file
         lib = ctypes.CDLL(str(path))
@@ -143,20 +147,19 @@ class PagedDecoder:
     l * (its size) floats in), so a step pays the checks and index conversions once, not once per layer.
     Raises RuntimeError without a C compiler."""
 
-    def __init__(self, tables: torch.Tensor, lengths: torch.Tensor, block_size: int, k: torch.Tensor,
-                 v: torch.Tensor):
+    def __init__(self, tables: torch.Tensor, lengths: torch.Tensor, block_size: int, k: torch.Tensor, v: torch.Tensor):
         for name, t in (("k_pool", k), ("v_pool", v)):
             if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous():
                 raise ValueError(f"{name} must be a contiguous float32 CPU tensor; got {t.dtype} on {t.device}")
         if k.dim() != 4 or v.shape != k.shape:
-            raise ValueError(f"k and v must be (L, slots, Hkv, D) of one shape; got {tuple(k.shape)}, "
-                             f"{tuple(v.shape)}")
+            raise ValueError(f"k and v must be (L, slots, Hkv, D) of one shape; got {tuple(k.shape)}, {tuple(v.shape)}")
         self.tables = tables.to(torch.int64).contiguous()  # kept: the kernel reads them through raw pointers
         self.lengths = lengths.to(torch.int64).contiguous()
         N = self.tables.shape[0]
         if self.tables.dim() != 2 or self.lengths.shape != (N,):
-            raise ValueError(f"tables must be (N, W) and lengths (N,); got {tuple(self.tables.shape)}, "
-                             f"{tuple(self.lengths.shape)}")
+            raise ValueError(
+                f"tables must be (N, W) and lengths (N,); got {tuple(self.tables.shape)}, {tuple(self.lengths.shape)}"
+            )
         if N and int(self.lengths.min()) < 1:
             raise ValueError("every length must be >= 1")
         self.k, self.v, self.block_size = k, v, block_size
@@ -171,23 +174,38 @@ class PagedDecoder:
         if q.dtype != torch.float32 or q.device.type != "cpu" or not q.is_contiguous():
             raise ValueError(f"q must be a contiguous float32 CPU tensor; got {q.dtype} on {q.device}")
         if N != self.N or H % self.Hkv or D != self.D:
-            raise ValueError(f"q (N, H, D) = {tuple(q.shape)} does not fit a pool of shape {tuple(self.k.shape)} "
-                             f"read for {self.N} requests (H must be a multiple of its kv heads, D equal)")
+            raise ValueError(
+                f"q (N, H, D) = {tuple(q.shape)} does not fit a pool of shape {tuple(self.k.shape)} "
+                f"read for {self.N} requests (H must be a multiple of its kv heads, D equal)"
+            )
         if self.lib is None:
             self.lib = _kernel(D, self.Hkv, H // self.Hkv, self.block_size)
             if self.lib is None:
-                raise RuntimeError("paged_decode_attention needs a C compiler (cc, gcc or clang, or $CC): "
-                                   "none worked")
+                raise RuntimeError("paged_decode_attention needs a C compiler (cc, gcc or clang, or $CC): none worked")
         out = torch.empty_like(q)  # (N, H, D)
         offset = layer * self.layer_bytes
-        self.lib.paged_decode(q.data_ptr(), self.k.data_ptr() + offset, self.v.data_ptr() + offset,
-                              self.tables.data_ptr(), self.lengths.data_ptr(), N, self.W, 1.0 / math.sqrt(D),
-                              out.data_ptr())
+        self.lib.paged_decode(
+            q.data_ptr(),
+            self.k.data_ptr() + offset,
+            self.v.data_ptr() + offset,
+            self.tables.data_ptr(),
+            self.lengths.data_ptr(),
+            N,
+            self.W,
+            1.0 / math.sqrt(D),
+            out.data_ptr(),
+        )
         return out
 
 
-def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, tables: torch.Tensor,
-                           lengths: torch.Tensor, block_size: int) -> torch.Tensor:
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    tables: torch.Tensor,
+    lengths: torch.Tensor,
+    block_size: int,
+) -> torch.Tensor:
     """Decode attention for N requests at once, read in place through their block tables (the C kernel).
 
     q (N, H, D) float32; k_pool, v_pool (num_blocks * block_size, Hkv, D) one layer's pool; tables (N, W)
@@ -198,6 +216,8 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
         if t.dim() != 3:
             raise ValueError(f"{name} must be (slots, Hkv, D); got shape {tuple(t.shape)}")
     if q.dim() != 3 or tables.shape[0] != q.shape[0]:
-        raise ValueError(f"tables must be (N, W) and lengths (N,) with N = {q.shape[0]}; got "
-                         f"{tuple(tables.shape)}, {tuple(lengths.shape)}")
+        raise ValueError(
+            f"tables must be (N, W) and lengths (N,) with N = {q.shape[0]}; got "
+            f"{tuple(tables.shape)}, {tuple(lengths.shape)}"
+        )
     return PagedDecoder(tables, lengths, block_size, k_pool.unsqueeze(0), v_pool.unsqueeze(0))(0, q)

@@ -22,6 +22,7 @@ Left out: another thread count or process (the probe's result is kept per proces
 a library that chose its kernel by something other than the shapes, e.g. by the inputs' alignment, is
 assumed not to: torch's allocations are all aligned the same way), and non-row-wise layers.
 """
+
 from __future__ import annotations
 
 import torch
@@ -35,8 +36,11 @@ def row_functions(model) -> list[tuple[tuple, int]]:
     out = []
     for layer in model.layers:
         attn = layer.attn
-        out += [((layer.attn_norm, attn.wqkv), model.cfg.d_model), ((attn.wo,), attn.n_heads * attn.head_dim),
-                ((layer.mlp_norm, layer.mlp), model.cfg.d_model)]
+        out += [
+            ((layer.attn_norm, attn.wqkv), model.cfg.d_model),
+            ((attn.wo,), attn.n_heads * attn.head_dim),
+            ((layer.mlp_norm, layer.mlp), model.cfg.d_model),
+        ]
     return out + [((model.norm, model.head), model.cfg.d_model)]
 
 
@@ -60,8 +64,10 @@ def smallest_invariant_rows(fns, width: int, hi: int, device=None, dtype=torch.f
 
 
 def _signature(fns, width: int, hi: int) -> tuple:
-    params = tuple((type(fn).__name__, tuple((tuple(p.shape), p.dtype, p.stride(), str(p.device))
-                                             for p in fn.parameters())) for fn in fns)
+    params = tuple(
+        (type(fn).__name__, tuple((tuple(p.shape), p.dtype, p.stride(), str(p.device)) for p in fn.parameters()))
+        for fn in fns
+    )
     return params, width, hi, torch.get_num_threads()
 
 

@@ -5,6 +5,7 @@ The loop of model calls (helpers.speculative.loop) pays torch.compile's wrapper,
 a device -> host read between gamma + 1 graph calls; a fused round pays them once. Compiled rounds are
 kept per pair of generators (fused_rounds), so a second generation reuses them.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -57,9 +58,12 @@ class FusedRounds:
         # a frozen round without the GEMM loaded from the on-disk cache in 8-10 s, not ~2)
         self.freeze = target.gemm_autotune and draft.gemm_autotune
         self.room = round_room(target, draft)  # a round needs n + gamma <= room
-        self._fn = torch.compile(self._sampled_round if sampled else self._greedy_round,
-                                 **compile_options(target.mode, cpp_wrapper=target.cpp_wrapper, freeze=self.freeze,
-                                                   gemm_autotune=self.freeze))
+        self._fn = torch.compile(
+            self._sampled_round if sampled else self._greedy_round,
+            **compile_options(
+                target.mode, cpp_wrapper=target.cpp_wrapper, freeze=self.freeze, gemm_autotune=self.freeze
+            ),
+        )
         self.compiled = False
         self.compile_seconds = 0.0
 
@@ -99,7 +103,7 @@ class FusedRounds:
         t_logits = self._verify_logits(last2, proposed, n)  # (gamma + 1, V)
         finite &= torch.isfinite(t_logits.amax(-1)).all()
         p_target = apply_temperature(t_logits.float(), temperature).softmax(-1)  # (gamma + 1, V)
-        n_accepted, residual = acceptance(p_target, torch.stack(p_draft), proposed, u[g:2 * g])
+        n_accepted, residual = acceptance(p_target, torch.stack(p_draft), proposed, u[g : 2 * g])
         nxt = sample_from_uniform(residual, u[2 * g])
         return torch.cat([n_accepted.view(1), nxt.view(1), finite.long().view(1), proposed])  # (3 + gamma,)
 
@@ -113,17 +117,19 @@ class FusedRounds:
             return None
         self._last2.zero_()
         self._n.fill_(2)
-        error, seconds, _ = warm_compiled(self._fn, self._inputs(), [self.target.cache, self.draft.cache],
-                                          self.gamma + 2, self.freeze)
+        error, seconds, _ = warm_compiled(
+            self._fn, self._inputs(), [self.target.cache, self.draft.cache], self.gamma + 2, self.freeze
+        )
         self.compile_seconds += seconds
         self.compiled = error is None
         return error
 
-    def __call__(self, ids: torch.Tensor, n: int, sampling: SamplingConfig,
-                 generator: torch.Generator | None = None) -> tuple[int, int, list[int]]:
+    def __call__(
+        self, ids: torch.Tensor, n: int, sampling: SamplingConfig, generator: torch.Generator | None = None
+    ) -> tuple[int, int, list[int]]:
         """One round after the n committed ids in ids (1, S) (n >= 2): writes the accepted proposals and the
         next token into ids[0, n:n + accepted + 1]; returns (accepted, next token, the proposals)."""
-        self._last2.copy_(ids[:, n - 2:n])
+        self._last2.copy_(ids[:, n - 2 : n])
         self._n.fill_(n)
         if self.sampled:
             self._temperature.fill_(sampling.temperature)
@@ -131,10 +137,12 @@ class FusedRounds:
         out = self._fn(*self._inputs())  # (3 + gamma,)
         k, nxt, finite, *proposed = out.tolist()  # the round's one device -> host read
         if not finite:
-            raise ValueError("the draft's or the target's logits hold NaN or +inf, or a row of nothing but -inf "
-                             "(allowed: finite values, with -inf for masked tokens); NaN logits usually mean "
-                             "the model overflowed")
-        ids[0, n:n + self.gamma] = out[3:]
+            raise ValueError(
+                "the draft's or the target's logits hold NaN or +inf, or a row of nothing but -inf "
+                "(allowed: finite values, with -inf for masked tokens); NaN logits usually mean "
+                "the model overflowed"
+            )
+        ids[0, n : n + self.gamma] = out[3:]
         ids[0, n + k] = nxt  # overwrites the first rejected proposal, if any
         return k, nxt, proposed
 
@@ -162,8 +170,11 @@ def fused_rounds(target: FastGenerator, draft: FastGenerator, gamma: int, sample
         error = fused.warmup()
         if error is not None:
             kind = "sampled" if sampled else "greedy"
-            warnings.warn(f"torch.compile failed for the fused {kind} round ({type(error).__name__}: "
-                          f"{str(error)[:200]}); {kind} rounds call the models one at a time", stacklevel=2)
+            warnings.warn(
+                f"torch.compile failed for the fused {kind} round ({type(error).__name__}: "
+                f"{str(error)[:200]}); {kind} rounds call the models one at a time",
+                stacklevel=2,
+            )
             fused = None
         rounds[key] = fused
     return rounds[key]
@@ -175,8 +186,9 @@ def round_room(target: FastGenerator, draft: FastGenerator) -> int:
     return min(target.cache.max_seq_len, draft.cache.max_seq_len + 1)
 
 
-def fused_round_call(fast_target: FastGenerator, fast_draft: FastGenerator, gamma: int, position: int,
-                     sampled: bool = False):
+def fused_round_call(
+    fast_target: FastGenerator, fast_draft: FastGenerator, gamma: int, position: int, sampled: bool = False
+):
     """A zero-argument function that runs one compiled round (gamma draft steps and the verify pass, one graph:
     FusedRounds) after `position` committed tokens, for timing it against a single target step; None when
     the round does not compile. It writes both caches (the target's at position - 1 .. position + gamma - 1,
@@ -195,6 +207,7 @@ def fused_round_call(fast_target: FastGenerator, fast_draft: FastGenerator, gamm
         rounds._last2.zero_()
         rounds._n.fill_(position)
         return rounds._fn(*rounds._inputs())
+
     return run
 
 
@@ -204,8 +217,14 @@ def speculative_token_counts(gamma: int) -> dict[str, tuple[int, ...]]:
     return {"target": (gamma + 1,), "draft": (1, 2)}
 
 
-def warmup_speculative(fast_target: FastGenerator, fast_draft: FastGenerator, gamma: int = DEFAULT_COMPILED_GAMMA,
-                       *, temperature: float = 0.0, sampling: SamplingConfig | None = None) -> float:
+def warmup_speculative(
+    fast_target: FastGenerator,
+    fast_draft: FastGenerator,
+    gamma: int = DEFAULT_COMPILED_GAMMA,
+    *,
+    temperature: float = 0.0,
+    sampling: SamplingConfig | None = None,
+) -> float:
     """Compile every graph speculative_generate(fast_target, fast_draft, ..., gamma=gamma) uses with these
     sampling settings (the same arguments): each model's steps for the loop of model calls, and the
     round as one graph (FusedRounds, greedy or sampled) where fuses_rounds(sampling). Returns the seconds
@@ -218,6 +237,6 @@ def warmup_speculative(fast_target: FastGenerator, fast_draft: FastGenerator, ga
     if fuses_rounds(sampling):
         fused_rounds(fast_target, fast_draft, gamma, sampled=not sampling.greedy)  # compiles on first use
     rounds = _FUSED_ROUNDS.get(fast_target, {})
-    return seconds + sum(r.compile_seconds for (d, g, _), r in rounds.items()
-                         if d == id(fast_draft) and g == gamma and r is not None)
-
+    return seconds + sum(
+        r.compile_seconds for (d, g, _), r in rounds.items() if d == id(fast_draft) and g == gamma and r is not None
+    )
