@@ -16,6 +16,7 @@ from conftest import LogitRecorder
 from helpers import load_model
 from helpers.serving import Engine
 from helpers.serving.params import InvalidParameter
+from helpers.serving.row_tiles import invariant_widths, smallest_invariant_rows, tiled
 from helpers.serving.workload import make_workload
 
 MAX_SEQS = 8
@@ -88,3 +89,27 @@ def test_bad_arguments_name_the_parameter(model_and_workload):
         with pytest.raises(InvalidParameter) as err:
             Engine(model, num_blocks=64, **kwargs)
         assert err.value.param == param, kwargs
+
+
+class ChangesBelow(torch.nn.Module):
+    """A row-wise function whose rows change when it sees fewer than `m` rows at once,
+    as a BLAS's small-M kernel can (there in the last bits): the probe must find m."""
+
+    def __init__(self, m: int):
+        super().__init__()
+        self.m = m
+
+    def forward(self, x):
+        return x * 3.0 if x.shape[0] >= self.m else x * 3.0 + 1e-3
+
+
+def test_probe_finds_where_rows_change(model_and_workload):
+    model, _ = model_and_workload
+    for m in (1, 5, 31):
+        assert smallest_invariant_rows((ChangesBelow(m),), width=16, hi=32) == m
+    x = torch.randn(35, 16)
+    rows = tiled((ChangesBelow(5),), x, (5, 16))  # tiles of 16, 16 and 5 rows: the last 3 padded to 5
+    assert torch.equal(rows, x * 3.0) and not torch.equal(tiled((ChangesBelow(5),), x[:3], None), x[:3] * 3.0)
+    lo, hi = invariant_widths(model, max_rows=256, fallback=MAX_SEQS)
+    assert 1 <= lo <= hi and hi >= MAX_SEQS
+    assert lo == hi == MAX_SEQS or hi == 256, (lo, hi)  # a range found, or the fixed tile of max_num_seqs rows

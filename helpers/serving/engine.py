@@ -53,6 +53,7 @@ from .block_pool import BlockPool
 from .model_runner import DECODE_ATTENTION, SequenceChunk, default_decode_attention, forward_step
 from .paged_cache import PagedKVCache
 from .request import FINISHED, Request
+from .row_tiles import invariant_widths
 from .scheduler import Scheduler
 from .static_scheduler import StaticScheduler
 
@@ -105,17 +106,19 @@ class Engine:
         whatever else runs in its steps (alone, or among max_num_seqs - 1 others), on a given machine.
         Without it a row's logits can change with its neighbours: the BLAS picks its blocking, and so the
         order of each dot product's sum, by the number of rows M of the step, and a near-tie then flips a
-        greedy token. How: every matmul runs on tiles of exactly max_num_seqs rows (model_runner.py), a
-        prompt is computed in the same chunks of max_num_batched_tokens - max_num_seqs tokens (the whole
-        prompt without chunked prefill) whatever else runs, a preempted request replays the same pieces
-        (scheduler.py), and attention is one request at a time. Cost: padding rows in steps of fewer than
-        max_num_seqs rows (a tail of few requests, or a request alone), and a prompt chunk that does not fit
-        a step's leftover budget waits a step instead of being cut (helpers/serving/bench.py measures the
-        tokens/s). Left out: the same request on another machine, thread count or torch build (other
-        kernels), another max_num_seqs or max_num_batched_tokens, or with sampling's own randomness shared
-        (a request without a seed draws from torch's global generator, whose state depends on the others);
-        prefix caching and the static policy are refused in this mode (a cached prefix was computed in
-        another request's chunks)."""
+        greedy token. How: every matmul runs on tiles whose number of rows stays in a range the library is
+        measured to treat alike (row_tiles.py: on x86 with MKL, from a few rows up; where no such range
+        is found, exactly max_num_seqs rows), a prompt is computed in the same chunks of max_num_batched_tokens -
+        max_num_seqs tokens (the whole prompt without chunked prefill) whatever else runs, a preempted
+        request replays the same pieces (scheduler.py), and attention is one request at a time. Cost: the
+        measurement, once per process (about a second); zero rows padding a step smaller than the range;
+        a prompt chunk that does not fit a step's leftover budget waits a step instead of being cut; and,
+        where no range is found, every step padded to max_num_seqs rows, the tail of a workload included
+        (helpers/serving/bench.py measures the tokens/s). Left out: the same request on another machine,
+        thread count or torch build (other kernels), another max_num_seqs or max_num_batched_tokens, or
+        with sampling's own randomness shared (a request without a seed draws from torch's global
+        generator, whose state depends on the others); prefix caching and the static policy are refused
+        in this mode (a cached prefix was computed in another request's chunks)."""
         params.check_kv_pool(model, num_blocks, block_size, max_num_seqs)
         max_num_batched_tokens = params.check_scheduling(
             model.cfg, max_num_seqs, max_num_batched_tokens, enable_prefix_caching, chunked_prefill, policy, step_log
@@ -124,7 +127,8 @@ class Engine:
             model, batch_invariant, policy, enable_prefix_caching, chunked_prefill, max_num_seqs, max_num_batched_tokens
         )
         self.batch_invariant = batch_invariant
-        self.row_tile = max_num_seqs if batch_invariant else None  # every matmul's M in the mode
+        # every matmul's number of rows in the mode: from lo to hi (row_tiles.py)
+        self.row_widths = invariant_widths(model, max_num_batched_tokens, max_num_seqs) if batch_invariant else None
         self.model, self.block_size, self.step_log = model, block_size, step_log
         if decode_attention is None:
             decode_attention = default_decode_attention(model, block_size)
@@ -256,7 +260,7 @@ class Engine:
             )  # a padded row's KV is nobody's
         t_chunks = time.perf_counter()
         logits = forward_step(
-            self.model, self.cache, chunks, self.decode_attention, self.timings, self.row_tile
+            self.model, self.cache, chunks, self.decode_attention, self.timings, self.row_widths
         )  # (n_sampled, V)
         t_forward = time.perf_counter()
         sampled = [s.request for s, c in zip(scheduled, chunks) if c.want_logits]
@@ -384,7 +388,7 @@ class Engine:
             if r.finished or (r.sampling.greedy and not r.logits_processors and not _penalised(r.sampling))
         ]
         if plain:
-            rows = logits[plain]  # (n_plain, V)
+            rows = logits if len(plain) == len(requests) else logits[plain]  # (n_plain, V)
             valid = torch.isfinite(rows.amax(dim=-1)).tolist()  # no NaN or +inf, not all -inf
             for i, t, ok in zip(plain, rows.argmax(dim=-1).tolist(), valid):
                 out[i] = (
@@ -413,12 +417,18 @@ class Engine:
         return int(next_token(row, r.sampling, r.generator, ids if _penalised(r.sampling) else None)[0, 0])
 
     def _filled_slots(self) -> int:
-        filled: dict[int, int] = {}  # block id -> slots holding computed tokens
+        """Slots holding computed tokens in the blocks in use, a block shared by several requests once. Only
+        full blocks are ever shared (the prefix cache hands out full blocks), so: the distinct full blocks,
+        plus each request's part-full last block (per request, not per block: the step stays O(requests))."""
+        full: set[int] = set()
+        partial: list[tuple[int, int]] = []
         bs = self.block_size
         for r in self.scheduler.running:
-            for j, b in enumerate(r.block_table):
-                filled[b] = max(filled.get(b, 0), min(bs, max(0, r.num_computed - j * bs)))
-        return sum(filled.values())
+            n_full = min(r.num_computed // bs, len(r.block_table))
+            full.update(r.block_table[:n_full])
+            if n_full < len(r.block_table) and r.num_computed > n_full * bs:
+                partial.append((r.block_table[n_full], r.num_computed - n_full * bs))
+        return bs * len(full) + sum(n for b, n in partial if b not in full)
 
     def _stop_reason(self, r: Request) -> str | None:
         if r.stop is not None:

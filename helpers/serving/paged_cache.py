@@ -38,6 +38,7 @@ class PagedKVCache:
         self.num_blocks, self.block_size = num_blocks, block_size
         shape = (layout.n_layers, num_blocks * block_size, layout.n_kv_heads, layout.head_dim)  # (L, slots, Hkv, D)
         self.k, self.v = layout.buffers(shape)
+        self.k_layers, self.v_layers = self.k.unbind(0), self.v.unbind(0)  # per-layer views, made once
         self.lengths: dict[str, int] = {}  # sequence id -> positions filled; written by commit/release only
 
     @classmethod
@@ -82,8 +83,8 @@ class PagedKVCache:
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store keys/values (N, Hkv, D) of N new tokens at `slots` (N,)."""
-        self.k[layer].index_copy_(0, slots, k)
-        self.v[layer].index_copy_(0, slots, v)
+        self.k_layers[layer].index_copy_(0, slots, k)
+        self.v_layers[layer].index_copy_(0, slots, v)
 
     def gather(self, layer: int, tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys/values of whole blocks, (B, n_blocks) block ids -> (B, Hkv, n_blocks * block_size, D).
