@@ -114,11 +114,12 @@ from .compiling import (  # noqa: F401 (re-exported: chapters, tests and scripts
     warm_compiled,
 )
 from .generate import generate as generate_loop
-from .generate import prepare_generation
+from .generate import prefill, prepare_generation
 from .kv_cache import KVCache
 from .model import Attention
 from .options import keyword_options
 from .row_sums import RowSumLinear
+from .sampling import check_logits
 from .stopping import stop_checker
 
 GEMVS = ("sums", "library")  # how a compiled batch-1 step multiplies one row by a projection (see the docstring)
@@ -326,7 +327,7 @@ class FastGenerator:
         """One decode step (compiled if it could be): token (B, 1) at position input_pos (1,) -> logits (B, V).
         Writes that position's K/V into this generator's cache; the caller tracks positions."""
         self.warmup()
-        logits = self._step(token, input_pos)
+        logits = self._step(token, input_pos)[0]
         if self.model.device.type == "cuda" and self._want_compile:
             logits = logits.clone()  # a CUDA-graph output is overwritten by the next replay
         return logits
@@ -334,8 +335,13 @@ class FastGenerator:
     # What torch.compile wraps: undecorated, because a no_grad-decorated function compiles as torch's one
     # shared wrapper, whose code object then holds every generator's graphs under one recompile limit (8).
     # Every caller (step, forward, generate, warmup) runs under no_grad, the grad mode of the graphs.
+    # Besides the logits, the step returns what greedy decoding needs of them, computed inside the graph
+    # (one fused loop each, no separate torch calls): the argmax, fed back as the next step's token, and
+    # whether every row has a finite maximum (the check helpers.sampling.check_logits makes first).
     def _static_step(self, token, input_pos):
-        return self.decode_model(token, cache=self.cache, input_pos=input_pos, check=False)[:, -1, :]  # (B, V)
+        logits = self.decode_model(token, cache=self.cache, input_pos=input_pos, check=False)[:, -1, :]  # (B, V)
+        finite = torch.isfinite(logits.amax(dim=-1)).all()  # () bool
+        return logits, logits.argmax(dim=-1, keepdim=True), finite  # (B, V), (B, 1), ()
 
     def _static_forward(self, tokens, input_pos):
         return self.decode_model(tokens, cache=self.cache, input_pos=input_pos, check=False)  # (B, T, V)
@@ -440,11 +446,39 @@ class FastGenerator:
                 f"prompt ({T}) + max_new_tokens ({max_new_tokens}) exceeds this generator's "
                 f"max_seq_len={self.cache.max_seq_len}"
             )
-        stop_checker(B, o.eos_id, o.stop_sequences, o.stop_criteria)  # bad stop settings fail before the compile
+        stop = stop_checker(B, o.eos_id, o.stop_sequences, o.stop_criteria)  # bad settings fail before the compile
         self.warmup()  # only now: compiling is the slowest part, and bad input should not wait for it
+        if sampling.greedy and stop is None and not o.logits_processors and not o.progress and max_new_tokens:
+            return self._generate_greedy(prompt, max_new_tokens)
         with contextlib.ExitStack() as later_steps:
             loop_options = {**vars(o), "sampling": sampling, "cache": self.cache, "step": self._loop_step(later_steps)}
             return generate_loop(self.decode_model, prompt, max_new_tokens, **loop_options)
+
+    def _generate_greedy(self, prompt: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        """generate's loop for plain greedy decoding (no stop condition, processor or progress bar), with
+        nothing between two steps but the position: each step's argmax (computed in the graph) is the next
+        step's token as it is, and the tokens are gathered once at the end. The same tokens as generate's
+        loop; it costs one host read a step (the finite-logits flag: a NaN raises as there)."""
+        B, T = prompt.shape
+        logits = prefill(self.decode_model, prompt, self.cache)  # (B, V), eager, as in generate's loop
+        check_logits(logits)
+        token = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
+        tokens = [prompt, token]
+        pos = torch.zeros(1, dtype=torch.long, device=self.model.device)  # (1,)
+        copy_out = self.model.device.type == "cuda" and self._want_compile
+        with contextlib.ExitStack() as later_steps:
+            for n in range(1, max_new_tokens):
+                pos.fill_(T + n - 1)
+                logits, token, finite = self._step(token, pos)  # (B, V), (B, 1), ()
+                if not finite:
+                    check_logits(logits)  # raises, naming what is wrong
+                if copy_out:
+                    token = token.clone()  # a CUDA-graph output is overwritten by the next replay
+                tokens.append(token)
+                if n == 1 and self._want_compile:
+                    later_steps.enter_context(guards_checked_once())  # see _loop_step
+        self.cache.commit(T + max_new_tokens - 1)  # as generate's loop leaves it: the last token is not fed back
+        return torch.cat(tokens, dim=1)  # (B, T + max_new_tokens)
 
     def _loop_step(self, later_steps: contextlib.ExitStack):
         """helpers.generate's step(model, token, cache) -> logits, over this generator's static step: the
@@ -456,7 +490,7 @@ class FastGenerator:
         def step(model, token, cache):
             nonlocal first
             pos.fill_(cache.length)
-            logits = self._step(token, pos)  # (B, V)
+            logits = self._step(token, pos)[0]  # (B, V)
             if copy_out:
                 logits = logits.clone()  # a CUDA-graph output is overwritten by the next replay
             cache.commit(cache.length + 1)  # the step wrote one more position
