@@ -12,12 +12,13 @@ each a few microseconds of Python and dispatch, around little arithmetic. Two th
     fast = FastGenerator(model, max_seq_len=320)  # compiles on first use (10-60 s on a CPU, cached on disk)
     ids = fast.generate(prompt, max_new_tokens=256)
 
-Size max_seq_len to the longest generation you need: every step attends over the whole buffer (masked),
-so a buffer of the full 1,024-token window makes each step of the course model about 1.8x slower on a
-CPU than one of 288 positions (3.07 vs 1.67 ms/token measured, one thread).
+Size max_seq_len to the longest generation you need: every step attends over the whole buffer (masked);
+a 1,024-token buffer made the course model's step 1.8x slower than one of 288 (CPU, one thread).
 
 `fast.generate` is helpers.generate's own loop (stop conditions, logits processors, sampling; not the
-penalties) with the compiled step as its `step`; only the prompt's prefill runs eagerly.
+penalties) with the compiled step as its `step`; only the prompt's prefill runs eagerly. Plain greedy
+generation (no stop condition, processor or progress bar) feeds the argmax the step's graph returns back
+in as the next token: the course model 1.19-1.32x faster than through that loop (BENCHMARKS.md).
 Tokens are the same as `generate`'s (the tests check greedy equality); logits agree to float rounding,
 since compiled kernels add in a different order. If compilation is impossible (no C++ compiler, an
 unsupported platform) it warns once and runs the same static step eagerly.
@@ -332,12 +333,10 @@ class FastGenerator:
             logits = logits.clone()  # a CUDA-graph output is overwritten by the next replay
         return logits
 
-    # What torch.compile wraps: undecorated, because a no_grad-decorated function compiles as torch's one
-    # shared wrapper, whose code object then holds every generator's graphs under one recompile limit (8).
-    # Every caller (step, forward, generate, warmup) runs under no_grad, the grad mode of the graphs.
-    # Besides the logits, the step returns what greedy decoding needs of them, computed inside the graph
-    # (one fused loop each, no separate torch calls): the argmax, fed back as the next step's token, and
-    # whether every row has a finite maximum (the check helpers.sampling.check_logits makes first).
+    # What torch.compile wraps: undecorated, as a no_grad-decorated function compiles as torch's one shared
+    # wrapper, whose code object holds every generator's graphs under one recompile limit; callers use no_grad.
+    # the step also returns, fused into its graph, what greedy decoding needs: the argmax (the next token)
+    # and whether every row's maximum is finite (helpers.sampling.check_logits's first test)
     def _static_step(self, token, input_pos):
         logits = self.decode_model(token, cache=self.cache, input_pos=input_pos, check=False)[:, -1, :]  # (B, V)
         finite = torch.isfinite(logits.amax(dim=-1)).all()  # () bool
@@ -455,26 +454,22 @@ class FastGenerator:
             return generate_loop(self.decode_model, prompt, max_new_tokens, **loop_options)
 
     def _generate_greedy(self, prompt: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-        """generate's loop for plain greedy decoding (no stop condition, processor or progress bar), with
-        nothing between two steps but the position: each step's argmax (computed in the graph) is the next
-        step's token as it is, and the tokens are gathered once at the end. The same tokens as generate's
-        loop; it costs one host read a step (the finite-logits flag: a NaN raises as there)."""
-        B, T = prompt.shape
+        """generate's loop for plain greedy decoding (no stop condition, processor or progress bar): each
+        step's in-graph argmax is the next step's token, gathered once at the end; one host read a step
+        (the finite-logits flag: bad logits raise as in generate's loop). The same tokens."""
+        T = prompt.shape[1]
         logits = prefill(self.decode_model, prompt, self.cache)  # (B, V), eager, as in generate's loop
         check_logits(logits)
-        token = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
-        tokens = [prompt, token]
+        tokens = [prompt, logits.argmax(dim=-1, keepdim=True)]  # (B, T), then (B, 1) per new token
         pos = torch.zeros(1, dtype=torch.long, device=self.model.device)  # (1,)
-        copy_out = self.model.device.type == "cuda" and self._want_compile
+        copy_out = self.model.device.type == "cuda" and self._want_compile  # CUDA graphs reuse their outputs
         with contextlib.ExitStack() as later_steps:
             for n in range(1, max_new_tokens):
                 pos.fill_(T + n - 1)
-                logits, token, finite = self._step(token, pos)  # (B, V), (B, 1), ()
+                logits, token, finite = self._step(tokens[-1], pos)  # (B, V), (B, 1), ()
                 if not finite:
                     check_logits(logits)  # raises, naming what is wrong
-                if copy_out:
-                    token = token.clone()  # a CUDA-graph output is overwritten by the next replay
-                tokens.append(token)
+                tokens.append(token.clone() if copy_out else token)
                 if n == 1 and self._want_compile:
                     later_steps.enter_context(guards_checked_once())  # see _loop_step
         self.cache.commit(T + max_new_tokens - 1)  # as generate's loop leaves it: the last token is not fed back
