@@ -87,16 +87,21 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
     gammas), and for each row the most the measured costs allow: tokens per target call / (v + gamma * c),
     the cost model of chapter 12 with no loop overhead, the same with a verify pass as cheap as one
     step (v = 1); for the rows with each round one graph, that graph's own cost R in target steps, tokens per
-    target call / R, and (gamma + 1) / R, the most any draft of this cost could give even if every proposal
-    were accepted. Costs are timed warm, in blocks of calls. The draft's generator autotunes its GEMM when
-    `fast` does (so then does each round); `label` is added to the row names, and fused_only keeps the rows
-    with each round one graph."""
+    target call / R (the bound the row is judged against: the measured speed-up over it is printed), and
+    (gamma + 1) / R, the most any draft of this cost could give even if every proposal were accepted; and
+    what the same costs allow once each generation's prefill is counted (plain: its eager prefill; speculative:
+    both models' prefill as one compiled graph, speculative.prefill): (P_plain + n_new - 1) / (P_spec +
+    rounds * R), prefills in steps. Costs are timed warm, in blocks of calls. The draft's generator autotunes
+    its GEMM when `fast` does (so then does each round); `label` is added to the row names, and fused_only
+    keeps the rows with each round one graph."""
     from ..data import validation_documents
     from ..fast_decode import FastGenerator, guards_checked_once
+    from ..generate import prefill
     from ..speculative import (
         DEFAULT_COMPILED_GAMMA,
         DEFAULT_COMPILED_SAMPLED_GAMMA,
         SpeculativeStats,
+        fused_prefill,
         fused_round_call,
         fused_rounds,
         speculative_generate,
@@ -108,9 +113,10 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
     docs = validation_documents()
     prompts = [tok.encode(docs[i][:400], bos=True)[:64] for i in (3, 11, 19)]  # three held-out files
     fast_draft = FastGenerator(draft, max_seq_len=fast.cache.max_seq_len, gemm_autotune=fast.gemm_autotune)
-    # before any timing: compiling is not decoding
-    warmup_speculative(fast, fast_draft, gamma)
-    warmup_speculative(fast, fast_draft, sampled_gamma, temperature=1.0)
+    # before any timing: compiling is not decoding (both models' prefill too: one graph for the prompts' bucket)
+    lengths = sorted({len(p) for p in prompts})
+    warmup_speculative(fast, fast_draft, gamma, prompt_lengths=lengths)
+    warmup_speculative(fast, fast_draft, sampled_gamma, temperature=1.0, prompt_lengths=lengths)
     rounds = {0.0: fused_rounds(fast, fast_draft, gamma, sampled=False),
               1.0: fused_rounds(fast, fast_draft, sampled_gamma, sampled=True)}
     secs = {t: r.compile_seconds if r is not None else 0.0 for t, r in rounds.items()}
@@ -151,6 +157,18 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
             if run is not None:
                 tr, ts = time_interleaved([run, step(1)], target.device, **warm)
                 round_costs[temperature] = median(tr) / median(ts)
+        # each generation's prefill, in target steps: plain compiled decoding's (eager, FastGenerator.generate's)
+        # and the speculative one's (both models, one compiled graph where it compiled, else each eagerly)
+        prompt0 = torch.tensor([prompts[0]], device=target.device)  # (1, T0)
+        both = fused_prefill(fast, fast_draft, T0)
+
+        def eager_prefill(gen, ids):
+            return lambda: prefill(gen.decode_model, ids, gen.cache)
+        spec_prefill = ((lambda: both(prompt0[:, :-1])) if both is not None else
+                        lambda: (eager_prefill(fast, prompt0[:, :-1])(), eager_prefill(fast_draft, prompt0[:, :-1])()))
+        tp, tq, ts = time_interleaved([eager_prefill(fast, prompt0), spec_prefill, step(1)], target.device,
+                                      repeats=2 * repeats, warmup=2, block=3)
+        p_plain, p_spec = median(tp) / median(ts), median(tq) / median(ts)
     v = {g: median(tv) / median(t) for g, (tv, t) in verify_times.items()}
     c = median(td) / median(t1)
 
@@ -181,12 +199,17 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
         e = st.tokens_per_target_call
         model_bound, free_verify = e / (v[g] + g * c), e / (1 + g * c)
         R = round_costs.get(temperature) if fuse else None  # the round graph, in target steps
-        # what the round graph allows, and with every proposal accepted: what no draft of this cost can beat
+        # what the round graph allows, and with every proposal accepted: what no draft of this cost can beat;
+        # and what it allows once both generations' prefills are counted (rounds per generation as measured)
         round_bound, all_accepted = (e / R, (g + 1) / R) if R else (None, None)
+        measured = median(pairs)
+        with_prefill = ((p_plain + n_new - 1) / (p_spec + st.target_calls / len(tc) * R)) if R else None
         note = (f"gamma {g}, alpha {st.acceptance_rate:.2f}, {e:.2f} tokens/target call, v {v[g]:.2f}; the costs "
                 f"allow {model_bound:.2f}x, {free_verify:.2f}x with v = 1"
-                + (f"; a round graph costs {R:.2f} steps: {round_bound:.2f}x, {all_accepted:.2f}x accepting every "
-                   "proposal" if R else "")
+                + (f"; a round graph costs {R:.2f} steps: bound {round_bound:.2f}x, measured {measured:.2f}x = "
+                   f"{measured / round_bound:.2f} of it; {all_accepted:.2f}x accepting every proposal; with the "
+                   f"prefills (plain {p_plain:.1f} steps, speculative {p_spec:.1f}{'' if both else ' eager'}) "
+                   f"{with_prefill:.2f}x" if R else "")
                 + (", distribution: tests/test_speculative.py" if temperature else "")
                 + f"; {compile_note(temperature)}")
         rows.append(Row(f"speculative compiled{label}, draft model, {name} vs plain compiled{label}", "plain compiled",
@@ -197,6 +220,9 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
                                "compile_seconds": secs[temperature], "fused_rounds": fuse,
                                "cost_model_bound": model_bound, "bound_with_free_verify": free_verify,
                                "round_graph_steps": R, "round_graph_bound": round_bound,
+                               "measured_over_round_graph_bound": measured / round_bound if R else None,
+                               "prefill_steps_plain": p_plain, "prefill_steps_speculative": p_spec,
+                               "round_graph_bound_with_prefills": with_prefill,
                                "bound_accepting_every_proposal": all_accepted}))
     for g in gammas:
         tv, t = verify_times[g]

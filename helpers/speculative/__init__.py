@@ -94,6 +94,7 @@ from .loop import (
     check_common,
     speculative_loop,
 )
+from .prefill import PREFILL_BUCKET, FusedPrefill, fused_prefill, prefill_bucket
 from .rule import (
     SpeculativeStats,
     accept_or_resample,
@@ -106,11 +107,11 @@ from .rule import (
 
 __all__ = [
     "DEFAULT_COMPILED_GAMMA", "DEFAULT_COMPILED_SAMPLED_GAMMA", "DEFAULT_GAMMA", "DEFAULT_LOOKUP_GAMMA",
-    "DEFAULT_MAX_NGRAM", "DEFAULT_MIN_NGRAM", "FusedRounds", "NgramIndex", "SpeculativeStats",
-    "accept_or_resample", "acceptance", "acceptance_probability", "chi_square_test",
-    "expected_tokens_per_target_call", "fused_round_call", "fused_rounds", "fuses_rounds", "greedy_accept",
-    "prompt_lookup_generate", "speculative_generate", "speculative_token_counts", "total_variation",
-    "warmup_speculative",
+    "DEFAULT_MAX_NGRAM", "DEFAULT_MIN_NGRAM", "FusedPrefill", "FusedRounds", "NgramIndex", "PREFILL_BUCKET",
+    "SpeculativeStats", "accept_or_resample", "acceptance", "acceptance_probability", "chi_square_test",
+    "expected_tokens_per_target_call", "fused_prefill", "fused_round_call", "fused_rounds", "fuses_rounds",
+    "greedy_accept", "prefill_bucket", "prompt_lookup_generate", "speculative_generate", "speculative_token_counts",
+    "total_variation", "warmup_speculative",
 ]
 
 
@@ -170,7 +171,9 @@ def speculative_generate(target, draft, prompt, max_new_tokens: int, *, gamma: i
     # uses (fast_decode.guards_checked_once)
     later = guards_checked_once if target.compiled else None
     fused = fused_rounds(target, draft, gamma, not sampling.greedy) if fuse_rounds and fuses_rounds(sampling) else None
+    prefill = fused_prefill(target, draft, T) if fuse_rounds else None  # compiled by warmup_speculative only
     with torch.no_grad():
         return speculative_loop(StaticSteps(target, counts["target"]), StaticSteps(draft, counts["draft"]),
-                                 prompt, max_new_tokens, gamma, sampling, generator, eos_id, trace, later, fused)
+                                 prompt, max_new_tokens, gamma, sampling, generator, eos_id, trace, later, fused,
+                                 prefill)
 
