@@ -150,13 +150,11 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
         # and what a draft proposal costs next to a target step: gamma of them per round
         td, t1 = time_interleaved([lambda: fast_draft.forward(tokens[1], positions[1]), step(1)], target.device,
                                   **warm)
-        # and a whole round as one graph (gamma draft steps inside it, then the verify pass), where it compiled
-        round_costs = {}
-        for temperature, g in ((0.0, gamma), (1.0, sampled_gamma)):
-            run = fused_round_call(fast, fast_draft, g, T0, sampled=temperature > 0)
-            if run is not None:
-                tr, ts = time_interleaved([run, step(1)], target.device, **warm)
-                round_costs[temperature] = median(tr) / median(ts)
+        # a whole round as one graph (gamma draft steps inside it, then the verify pass), where it compiled, is
+        # timed in the rows' own time window (below): on a shared machine a cost timed minutes apart from the
+        # generations it bounds can be off by more than the gap being measured
+        round_calls = {t: fused_round_call(fast, fast_draft, g, T0, sampled=t > 0)
+                       for t, g in ((0.0, gamma), (1.0, sampled_gamma))}
         # each generation's prefill, in target steps: plain compiled decoding's (eager, FastGenerator.generate's)
         # and the speculative one's (both models, one compiled graph where it compiled, else each eagerly)
         prompt0 = torch.tensor([prompts[0]], device=target.device)  # (1, T0)
@@ -179,7 +177,7 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
     if fused_only:
         variants = [v for v in variants if v[3]]
     for name, temperature, g, fuse, target_ratio in variants:
-        tb, tc, same = [], [], True
+        tb, tc, same, round_times, step_times = [], [], True, [], []
         plain = partial(fast.generate, max_new_tokens=n_new, temperature=temperature)
         spec = partial(speculative_generate, fast, fast_draft, max_new_tokens=n_new, gamma=g, temperature=temperature,
                        fuse_rounds=fuse)
@@ -193,12 +191,18 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
                 stats[name] = stats.get(name, SpeculativeStats()).merge(st)
                 if temperature == 0:
                     same &= torch.equal(out_b, out_c)
+            run = round_calls[temperature] if fuse else None
+            if run is not None:  # after each repeat's generations, a block of rounds against target steps
+                with torch.no_grad(), guards_checked_once():
+                    tr, ts = time_interleaved([run, step(1)], target.device, repeats=10, warmup=2, block=5)
+                round_times += tr
+                step_times += ts
         progress()
         pairs = [sum(tb[i:i + len(prompts)]) / sum(tc[i:i + len(prompts)]) for i in range(0, len(tb), len(prompts))]
         st = stats[name]
         e = st.tokens_per_target_call
         model_bound, free_verify = e / (v[g] + g * c), e / (1 + g * c)
-        R = round_costs.get(temperature) if fuse else None  # the round graph, in target steps
+        R = median(round_times) / median(step_times) if round_times else None  # the round graph, in target steps
         # what the round graph allows, and with every proposal accepted: what no draft of this cost can beat;
         # and what it allows once both generations' prefills are counted (rounds per generation as measured)
         round_bound, all_accepted = (e / R, (g + 1) / R) if R else (None, None)

@@ -23,7 +23,10 @@ class FusedRounds:
     """A whole round on two compiled FastGenerators as ONE compiled graph: the draft's gamma proposals (each
     drawn inside the graph and fed straight into the next draft step), the target's verify pass over
     gamma + 1 positions, and the acceptance rule. Python sees the round once: one call, one device -> host
-    read of (accepted, next token, logits usable, proposals).
+    read of (accepted, next token, logits usable, proposals). The graph also does the round's bookkeeping:
+    it reads the committed ids at n - 2, n - 1 from its own id buffer (`ids`, which the loop uses as its
+    buffer), writes the accepted proposals and the next token there and advances the committed length n,
+    an input it keeps between rounds, so the host copies nothing in or out per round.
 
     Greedy (sampled=False): each proposal is the draft's argmax, acceptance is greedy_accept. Sampled: both
     models' distributions are softmax(logits / temperature), as sampling.probabilities computes them (the
