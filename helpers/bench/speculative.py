@@ -192,9 +192,12 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
                 if temperature == 0:
                     same &= torch.equal(out_b, out_c)
             run = round_calls[temperature] if fuse else None
-            if run is not None:  # after each repeat's generations, a block of rounds against target steps
+            if run is not None:  # after each repeat's generations, long blocks of rounds against target steps
+                # (40 calls each, as the loops call them: run in turns of 5, the step after a turn of rounds read
+                # as 2.0 steps per round where turns of 40 read 2.2-2.5, the loops' own 2.5, on two autotuned
+                # generators, whose round holds its own packed copy of the weights)
                 with torch.no_grad(), guards_checked_once():
-                    tr, ts = time_interleaved([run, step(1)], target.device, repeats=10, warmup=2, block=5)
+                    tr, ts = time_interleaved([run, step(1)], target.device, repeats=2, warmup=1, block=40)
                 round_times += tr
                 step_times += ts
         progress()
