@@ -1,5 +1,6 @@
 """Shared test setup for every pytest run, `pytest notebooks/` included: the environment notebook kernels
 inherit, the nbval sanitizer, the `cuda` marker and random-weight models."""
+
 from __future__ import annotations
 
 import os
@@ -90,6 +91,7 @@ def compile_fails(monkeypatch):
     def broken_compile(fn, **kwargs):
         def fail(*args):
             raise RuntimeError("no compiler here")
+
         return fail
 
     monkeypatch.setattr(fast_decode, "compile_available", lambda: True)

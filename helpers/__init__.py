@@ -19,6 +19,8 @@ Modules, one job each (chapter in brackets). At the top, the inference code a le
     stopping.py          stop conditions: end-of-text, stop sequences and strings, loops          [04]
     kv_cache.py          preallocated key/value buffers written by position; the cache contract
                          every cache keeps (layer(i).update, commit, truncate, reset)            [05]
+    cache_layout.py      what a model fixes about every KV cache: layers, KV heads, head size,
+                         dtype, device, the ModelConfig (CacheLayout.of(model))                   [05]
     sliding_window.py    a rolling KV cache; SinkKVCache keeps attention sinks                    [05, 08]
     fast_decode.py       a compiled, static-shape decode step (CUDA graphs on a GPU)              [07]
     compiling.py         torch.compile's plumbing for it: cache folder, options, warm-up          [07]
@@ -42,6 +44,7 @@ Shared by all of them:
     device.py            device choice, and waiting for it before a clock is read
     processes.py         processes we start: a free port, stop by PID, a child that dies with its parent
     progress.py          progress bars whose stored notebook text is the finished bar
+    options.py           keywords passed on to another function, checked against its signature
     bench/               python -m helpers.bench: every speed claim as a measured ratio, one
                          module per group of rows, llama.cpp on the same weights                 [BENCHMARKS.md]
 Three wings, each a folder with its own map in its __init__.py:
@@ -52,10 +55,10 @@ Three wings, each a folder with its own map in its __init__.py:
                          layer and attention maps, chapter 05's allocation simulator, exercises/
 
 How the modules depend on each other (A above B when A imports B; nothing imports upwards, no cycles).
-Counting each folder as one unit, the package, scripts/ and .ci/ make 34 units on 7 levels joined by 110
+Counting each folder as one unit, the package, scripts/ and .ci/ make 36 units on 7 levels joined by 115
 imports:
     level 1  model, tokenizer, sampling, stopping, regex_automaton, nf4, device, processes, progress,
-             paths: import nothing of the package
+             paths, cache_layout, options: import nothing of the package
     level 2  kv_cache (the cache contract: commit, truncate, reset), sliding_window, checkpoint, data,
              quantize/, grammar, hf, compiling
     level 3  generate, int8_kv, export_gguf, train_tokenizer, measure/
@@ -63,11 +66,12 @@ imports:
     level 5  speculative/, serving/
     level 6  course/
     level 7  bench/ (it times everything below it), scripts/
-The largest modules are model.py and fast_decode.py (about 400 lines each); speculative/, quantize/
+The largest modules are serving/engine.py, model.py and fast_decode.py (420 to 450 lines each); speculative/, quantize/
 and bench/ are folders of modules under 330 lines. Inside the wings: course/ has one
 import between its modules (notebook setup uses plotting's style), parallel/ two (both parallel schemes
 load their model through workers), measure/ three (roofline times with timing; calibration uses both).
 """
+
 from .checkpoint import load_model, load_tokenizer
 from .device import default_device
 from .generate import decode_one_token, generate, generate_without_cache, prefill
@@ -75,5 +79,16 @@ from .kv_cache import KVCache
 from .model import ModelConfig, Transformer
 from .sampling import SamplingConfig
 
-__all__ = ["load_model", "load_tokenizer", "default_device", "generate", "generate_without_cache", "prefill",
-           "decode_one_token", "KVCache", "ModelConfig", "Transformer", "SamplingConfig"]
+__all__ = [
+    "load_model",
+    "load_tokenizer",
+    "default_device",
+    "generate",
+    "generate_without_cache",
+    "prefill",
+    "decode_one_token",
+    "KVCache",
+    "ModelConfig",
+    "Transformer",
+    "SamplingConfig",
+]

@@ -24,6 +24,7 @@ see log-probabilities here, as in HuggingFace's beam search, and rows are reorde
 Out of scope: a batch of prompts, sampling inside beams, diverse/group beam search,
 num_return_sequences > 1.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,17 +40,29 @@ NOT_ALLOWED = -1.0e9  # HuggingFace's score for "must not be chosen" (a finite s
 def check_beam_settings(num_beams, length_penalty, early_stopping) -> None:
     if not isinstance(num_beams, int) or isinstance(num_beams, bool) or num_beams < 1:
         raise ValueError(f"num_beams must be an int >= 1; got {num_beams!r}")
-    if not isinstance(length_penalty, (int, float)) or isinstance(length_penalty, bool) \
-            or not math.isfinite(length_penalty):
+    if (
+        not isinstance(length_penalty, (int, float))
+        or isinstance(length_penalty, bool)
+        or not math.isfinite(length_penalty)
+    ):
         raise ValueError(f"length_penalty must be a finite number (1.0 = divide by the length); got {length_penalty!r}")
     if early_stopping not in (True, False, "never") or not isinstance(early_stopping, (bool, str)):
         raise ValueError(f"early_stopping must be True, False or 'never'; got {early_stopping!r}")
 
 
 @torch.no_grad()
-def beam_search(model, prompt, max_new_tokens: int, num_beams: int, *, length_penalty: float = 1.0,
-                early_stopping=False, eos_id: int | None = None, logits_processors=(),
-                return_score: bool = False):
+def beam_search(
+    model,
+    prompt,
+    max_new_tokens: int,
+    num_beams: int,
+    *,
+    length_penalty: float = 1.0,
+    early_stopping=False,
+    eos_id: int | None = None,
+    logits_processors=(),
+    return_score: bool = False,
+):
     """The best finished hypothesis, (1, T + n) ids with n <= max_new_tokens (eos_id kept if it ended there).
     With return_score=True, also its score (summed log-probability / n ** length_penalty)."""
     check_beam_settings(num_beams, length_penalty, early_stopping)
@@ -124,14 +137,14 @@ def beam_search(model, prompt, max_new_tokens: int, num_beams: int, *, length_pe
             best_length = max_len - T
         else:
             best_length = cur_len - T
-        best_possible = running_scores[0] / (best_length ** length_penalty)
+        best_possible = running_scores[0] / (best_length**length_penalty)
         worst = torch.where(is_finished, finished_scores.min(), torch.tensor(NOT_ALLOWED, device=dev))
         improvable = improvable and bool((best_possible > worst).any())
         if not improvable or (bool(is_finished.all()) and early_stopping is True) or bool(ends.all()):
             break
-        logits = decode_one_token(model, running[:, cur_len - 1:cur_len], cache)
+        logits = decode_one_token(model, running[:, cur_len - 1 : cur_len], cache)
 
-    out = finished[:1, :T + int(finished_len[0])]
+    out = finished[:1, : T + int(finished_len[0])]
     return (out, float(finished_scores[0])) if return_score else out
 
 
@@ -143,4 +156,4 @@ def continuation_log_prob(model, ids, prompt_len: int) -> float:
         raise ValueError(f"prompt_len must be in [1, {ids.shape[1] - 1}]; got {prompt_len!r}")
     log_probs = torch.log_softmax(model(ids).float(), dim=-1)[0]  # (T, V)
     targets = ids[0, prompt_len:]
-    return float(log_probs[prompt_len - 1:-1].gather(-1, targets[:, None]).sum())
+    return float(log_probs[prompt_len - 1 : -1].gather(-1, targets[:, None]).sum())

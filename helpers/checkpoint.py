@@ -9,6 +9,7 @@ in `helpers/checkpoints/MANIFEST.json` and checked on every load. Nothing is eve
 
 Out of scope: sharded or remote checkpoints.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -62,9 +63,11 @@ def verified_path(name: str, path: Path | None = None) -> Path:
         raise CheckpointError(f"{MANIFEST} has no sha256 for {name!r}; regenerate with: {_regenerate_hint(name)}")
     actual = sha256_file(path)
     if actual != expected:
-        raise CheckpointError(f"checkpoint file {path} is corrupt or was changed: its sha256 is {actual[:16]}..., "
-                              f"the manifest expects {expected[:16]}.... Restore it (git checkout -- {path.name}) "
-                              f"or regenerate it with: {_regenerate_hint(name)}")
+        raise CheckpointError(
+            f"checkpoint file {path} is corrupt or was changed: its sha256 is {actual[:16]}..., "
+            f"the manifest expects {expected[:16]}.... Restore it (git checkout -- {path.name}) "
+            f"or regenerate it with: {_regenerate_hint(name)}"
+        )
     return path
 
 

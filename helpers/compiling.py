@@ -6,6 +6,7 @@ here runs at import: use_course_compile_cache() points the cache at the course's
 built. Out of scope: choosing what to compile (the callers decide) and GPU-specific modes beyond passing
 `mode` through.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -31,7 +32,6 @@ def inductor_cache_dir() -> str:
     would happen to a folder shared by machines with different CPUs (a network home directory, a CI cache).
     The tests and scripts/run_notebooks.py use this folder too; TORCHINDUCTOR_CACHE_DIR, when set, wins."""
     return str(INDUCTOR_CACHE / torch.backends.cpu.get_cpu_capability().lower())
-
 
 
 def use_course_compile_cache() -> str:
@@ -97,8 +97,14 @@ def compile_options(mode: str | None, *, cpp_wrapper: bool, freeze: bool, gemm_a
     if freeze:  # constants, not inputs; without the autotuned template, prepacking alone was slower
         options.update({"freezing": True, "cpp.weight_prepack": gemm_autotune})
         if gemm_autotune:  # quietly: no table of timings per product on stderr
-            options.update({"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
-                            "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False})
+            options.update(
+                {
+                    "max_autotune": True,
+                    "max_autotune_gemm_backends": "CPP,ATEN",
+                    "autotune_num_choices_displayed": 0,
+                    "max_autotune_report_choices_stats": False,
+                }
+            )
     if mode is not None and options:  # torch.compile takes a mode or options, not both: spell the mode out
         options = {**torch._inductor.list_mode_options(mode), **options}
     return dict(mode=None if options else mode, fullgraph=True, dynamic=False, options=options or None)
@@ -139,4 +145,3 @@ def guards_checked_once():
     0.88-0.94 ms a token: autotuned GEMM, one thread, AMD Zen 5). Where one function holds several graphs
     (T = 1 and 2, or target and draft), torch still checks the guards that tell them apart."""
     return torch.compiler.set_stance(skip_guard_eval_unsafe=True)
-

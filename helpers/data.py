@@ -14,6 +14,7 @@ Out of scope: streaming huge corpora; anything but the standard library.
 
     python -m helpers.data            # build the token cache and print the corpus fingerprint
 """
+
 from __future__ import annotations
 
 import gzip
@@ -76,10 +77,16 @@ def corpus_fingerprint(files: list[CorpusFile]) -> dict:
     for f in files:
         h.update(f"{f.path}\t{f.sha256}\t{int(f.is_validation)}\n".encode())
     n_val = sum(f.is_validation for f in files)
-    return {"source": "python stdlib", "python": platform.python_version(), "files": len(files),
-            "train_files": len(files) - n_val, "validation_files": n_val,
-            "train_bytes": sum(f.size for f in files if not f.is_validation),
-            "validation_bytes": sum(f.size for f in files if f.is_validation), "sha256": h.hexdigest()}
+    return {
+        "source": "python stdlib",
+        "python": platform.python_version(),
+        "files": len(files),
+        "train_files": len(files) - n_val,
+        "validation_files": n_val,
+        "train_bytes": sum(f.size for f in files if not f.is_validation),
+        "validation_bytes": sum(f.size for f in files if f.is_validation),
+        "sha256": h.hexdigest(),
+    }
 
 
 def read_split(split: str, root: Path | None = None) -> list[str]:
@@ -88,15 +95,19 @@ def read_split(split: str, root: Path | None = None) -> list[str]:
         raise ValueError(f"split must be 'train' or 'validation'; got {split!r}")
     root = root or stdlib_root()
     want_val = split == "validation"
-    return [(root / f.path).read_text(encoding="utf-8", errors="surrogateescape")
-            for f in list_corpus_files(root) if f.is_validation == want_val]
+    return [
+        (root / f.path).read_text(encoding="utf-8", errors="surrogateescape")
+        for f in list_corpus_files(root)
+        if f.is_validation == want_val
+    ]
 
 
 def validation_text() -> str:
     """The shipped models' validation text (the held-out files joined by end-of-text markers)."""
     if not VALIDATION_FILE.exists():
-        raise FileNotFoundError(f"{VALIDATION_FILE} is missing; rebuild it with "
-                                "`python -m helpers.data --write-validation`")
+        raise FileNotFoundError(
+            f"{VALIDATION_FILE} is missing; rebuild it with `python -m helpers.data --write-validation`"
+        )
     return gzip.decompress(VALIDATION_FILE.read_bytes()).decode("utf-8", errors="surrogateescape")
 
 

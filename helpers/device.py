@@ -7,6 +7,7 @@ timers (measure/timing.py) synchronise for you.
 
 Out of scope: multi-GPU placement, timing (measure/timing.py).
 """
+
 from __future__ import annotations
 
 import os

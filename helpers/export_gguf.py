@@ -27,6 +27,7 @@ llama.cpp can decode our ids. Its pre-tokenizer ("gpt-2") splits text a little d
 
 Out of scope: other GGUF quantization types, importing GGUF files back, chat templates.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -105,8 +106,10 @@ def vocabulary(tok) -> tuple[list[str], list[int], list[str]]:
     specials = {v: k for k, v in tok.special_tokens.items()}
     tokens = [specials.get(i) or as_text(tok.vocab[i]) for i in range(tok.vocab_size)]
     types = [int(gguf.TokenType.CONTROL if i in specials else gguf.TokenType.NORMAL) for i in range(tok.vocab_size)]
-    merges = [f"{as_text(tok.vocab[a])} {as_text(tok.vocab[b])}" for (a, b), _ in sorted(tok.merges.items(),
-                                                                                        key=lambda kv: kv[1])]
+    merges = [
+        f"{as_text(tok.vocab[a])} {as_text(tok.vocab[b])}"
+        for (a, b), _ in sorted(tok.merges.items(), key=lambda kv: kv[1])
+    ]
     return tokens, types, merges
 
 
@@ -117,10 +120,18 @@ def write_gguf(model, tok, path, file_type: str = "f32", name: str = "model") ->
     if file_type not in FILE_TYPES:
         raise ValueError(f"file_type must be one of {FILE_TYPES}; got {file_type!r}")
     cfg = model.cfg
-    qtype = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
-             "q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}[file_type]
-    ftype = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
-             "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}[file_type]
+    qtype = {
+        "f32": gguf.GGMLQuantizationType.F32,
+        "f16": gguf.GGMLQuantizationType.F16,
+        "q8_0": gguf.GGMLQuantizationType.Q8_0,
+        "q4_0": gguf.GGMLQuantizationType.Q4_0,
+    }[file_type]
+    ftype = {
+        "f32": gguf.LlamaFileType.ALL_F32,
+        "f16": gguf.LlamaFileType.MOSTLY_F16,
+        "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+        "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
+    }[file_type]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     w = gguf.GGUFWriter(str(path), "llama")
@@ -157,8 +168,12 @@ def write_gguf(model, tok, path, file_type: str = "f32", name: str = "model") ->
     return path
 
 
-LLAMA_FTYPES = {"f32": "LLAMA_FTYPE_ALL_F32", "f16": "LLAMA_FTYPE_MOSTLY_F16", "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
-                "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0"}
+LLAMA_FTYPES = {
+    "f32": "LLAMA_FTYPE_ALL_F32",
+    "f16": "LLAMA_FTYPE_MOSTLY_F16",
+    "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
+    "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
+}
 
 
 def quantize_gguf(src, dst, file_type: str, threads: int | None = None) -> Path:

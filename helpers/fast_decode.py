@@ -75,6 +75,7 @@ compiles in the middle of a generation.
 Out of scope: batching requests of different lengths; the speculative loop (speculative/); the compile
 plumbing (compiling.py: cache folder, options, warm-up, cold-compile record, guard skipping).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -100,7 +101,7 @@ from .generate import generate as generate_loop
 from .generate import prepare_generation
 from .kv_cache import KVCache
 from .model import Attention
-from .sampling import SamplingConfig
+from .options import keyword_options
 from .stopping import stop_checker
 
 
@@ -109,7 +110,6 @@ def compile_available() -> bool:
     import shutil
 
     return shutil.which(os.environ.get("CXX", "g++")) is not None or shutil.which("c++") is not None
-
 
 
 class InputMajorLinear(nn.Module):
@@ -185,10 +185,19 @@ def input_major_copy(model: nn.Module) -> nn.Module:
 class FastGenerator:
     """A KV cache plus a decode step compiled for it. Reuse one instance for many generations."""
 
-    def __init__(self, model, batch_size: int = 1, max_seq_len: int | None = None, compile: bool = True,
-                 mode: str | None = None, cpp_wrapper: bool | None = None, input_major: bool | None = None,
-                 static_attention: str | None = None, freeze: bool | None = None,
-                 gemm_autotune: bool = False):
+    def __init__(
+        self,
+        model,
+        batch_size: int = 1,
+        max_seq_len: int | None = None,
+        compile: bool = True,
+        mode: str | None = None,
+        cpp_wrapper: bool | None = None,
+        input_major: bool | None = None,
+        static_attention: str | None = None,
+        freeze: bool | None = None,
+        gemm_autotune: bool = False,
+    ):
         use_course_compile_cache()  # the on-disk cache folder, set when the first generator is built
         self.model = model.eval()
         # on a CPU, multiply single rows by projections stored (in, out) (several rows, as in prefill, keep
@@ -197,8 +206,9 @@ class FastGenerator:
         on_cpu = model.device.type == "cpu"
         self.input_major = on_cpu if input_major is None else input_major
         self.static_attention = ("sums" if on_cpu else "sdpa") if static_attention is None else static_attention
-        self.decode_model = decode_copy(self.model, input_major=self.input_major,
-                                        static_attention=self.static_attention)
+        self.decode_model = decode_copy(
+            self.model, input_major=self.input_major, static_attention=self.static_attention
+        )
         self.cache = KVCache.for_model(model, batch_size=batch_size, max_seq_len=max_seq_len)
         self.compile_seconds = 0.0
         self.compiled = False
@@ -214,16 +224,18 @@ class FastGenerator:
         step = self._eager_step
         if compile and not compile_available():
             self.compile_source = "not compiled: no C++ compiler found, the static step runs eagerly"
-            warnings.warn("torch.compile needs a C++ compiler on a CPU and none was found; decoding eagerly",
-                          stacklevel=2)
+            warnings.warn(
+                "torch.compile needs a C++ compiler on a CPU and none was found; decoding eagerly", stacklevel=2
+            )
         if compile and compile_available():
             if mode is None and model.device.type == "cuda":
                 mode = "reduce-overhead"  # CUDA graphs: replay the whole step with one launch
                 # the cache is written in place every step; tell the graph machinery its address never changes
                 torch._dynamo.mark_static_address(self.cache.k)
                 torch._dynamo.mark_static_address(self.cache.v)
-            self._compile_options = compile_options(mode, cpp_wrapper=self.cpp_wrapper, freeze=self.freeze,
-                                                    gemm_autotune=self.gemm_autotune)
+            self._compile_options = compile_options(
+                mode, cpp_wrapper=self.cpp_wrapper, freeze=self.freeze, gemm_autotune=self.gemm_autotune
+            )
             step = torch.compile(self._static_step, **self._compile_options)
         self.mode = mode
         self._step = step
@@ -235,11 +247,13 @@ class FastGenerator:
         """What decides the generated code: model shapes, buffer size, batch, dtype, device, options, torch,
         and the number of tokens per call (T = 1, the step, keeps the key it always had)."""
         m = self.model
-        what = (f"{m.cfg.to_dict()} B={self.cache.batch_size} S={self.cache.max_seq_len} {m.dtype} {m.device.type} "
-                f"mode={self.mode} cpp_wrapper={self.cpp_wrapper} input_major={self.input_major} "
-                f"{'freeze ' if self.freeze else ''}{'gemm_autotune ' if self.gemm_autotune else ''}"
-                f"{'' if self.static_attention == 'sdpa' else 'attention=' + self.static_attention + ' '}"
-                f"torch={torch.__version__}")
+        what = (
+            f"{m.cfg.to_dict()} B={self.cache.batch_size} S={self.cache.max_seq_len} {m.dtype} {m.device.type} "
+            f"mode={self.mode} cpp_wrapper={self.cpp_wrapper} input_major={self.input_major} "
+            f"{'freeze ' if self.freeze else ''}{'gemm_autotune ' if self.gemm_autotune else ''}"
+            f"{'' if self.static_attention == 'sdpa' else 'attention=' + self.static_attention + ' '}"
+            f"torch={torch.__version__}"
+        )
         if tokens != 1:
             what += f" T={tokens}"
         return hashlib.sha256(what.encode()).hexdigest()[:16]
@@ -332,8 +346,9 @@ class FastGenerator:
                 cold = inductor_cache_counts()[1] > misses
                 self.compile_source = "compiled cold" if cold else "compiled from the on-disk cache"
             else:
-                warnings.warn(f"torch.compile failed ({type(error).__name__}: {str(error)[:200]}); decoding eagerly",
-                              stacklevel=2)
+                warnings.warn(
+                    f"torch.compile failed ({type(error).__name__}: {str(error)[:200]}); decoding eagerly", stacklevel=2
+                )
                 self._step = self._eager_step
                 self._want_compile = False
                 self.compile_source = f"not compiled: torch.compile failed ({type(error).__name__}), running eagerly"
@@ -347,34 +362,40 @@ class FastGenerator:
             if error is None:
                 self._forwards[T] = fn
             else:
-                warnings.warn(f"torch.compile failed for {T} tokens per call ({type(error).__name__}: "
-                              f"{str(error)[:200]}); that forward runs eagerly", stacklevel=2)
+                warnings.warn(
+                    f"torch.compile failed for {T} tokens per call ({type(error).__name__}: "
+                    f"{str(error)[:200]}); that forward runs eagerly",
+                    stacklevel=2,
+                )
         return self.compile_seconds
 
     @torch.no_grad()
-    def generate(self, prompt, max_new_tokens: int, *, temperature: float = 0.0,
-                 sampling: SamplingConfig | None = None, generator: torch.Generator | None = None,
-                 eos_id: int | None = None, stop_sequences=(), stop_criteria=(), logits_processors=(),
-                 progress: bool = False) -> torch.Tensor:
+    def generate(self, prompt, max_new_tokens: int, **options) -> torch.Tensor:
         """helpers.generate's loop (its stop conditions, logits processors and sampling; penalties excepted)
         on this generator's cache, with the compiled step as its step: (B, T + n_new) token ids. The
-        prompt's prefill runs eagerly (its shape depends on the prompt)."""
-        prompt, sampling = prepare_generation(self.model, prompt, max_new_tokens, sampling, temperature, generator)
+        prompt's prefill runs eagerly (its shape depends on the prompt).
+
+        options: helpers.generate's keywords (temperature, sampling, generator, eos_id, stop_sequences,
+        stop_criteria, logits_processors, progress), with its defaults; not cache or step (this generator's)."""
+        o = keyword_options(generate_loop, options, leave_out=("cache", "step"))
+        prompt, sampling = prepare_generation(
+            self.model, prompt, max_new_tokens, o.sampling, o.temperature, o.generator
+        )
         if sampling.repetition_penalty != 1.0 or sampling.presence_penalty or sampling.frequency_penalty:
             raise ValueError("FastGenerator does not apply penalties; use helpers.generate for those")
         B, T = prompt.shape
         if B != self.cache.batch_size:
             raise ValueError(f"prompt batch size {B} != this generator's batch_size {self.cache.batch_size}")
         if T + max_new_tokens > self.cache.max_seq_len:
-            raise ValueError(f"prompt ({T}) + max_new_tokens ({max_new_tokens}) exceeds this generator's "
-                             f"max_seq_len={self.cache.max_seq_len}")
-        stop_checker(B, eos_id, stop_sequences, stop_criteria)  # bad stop settings fail before the compile
+            raise ValueError(
+                f"prompt ({T}) + max_new_tokens ({max_new_tokens}) exceeds this generator's "
+                f"max_seq_len={self.cache.max_seq_len}"
+            )
+        stop_checker(B, o.eos_id, o.stop_sequences, o.stop_criteria)  # bad stop settings fail before the compile
         self.warmup()  # only now: compiling is the slowest part, and bad input should not wait for it
         with contextlib.ExitStack() as later_steps:
-            return generate_loop(self.decode_model, prompt, max_new_tokens, sampling=sampling, generator=generator,
-                                 eos_id=eos_id, stop_sequences=stop_sequences, stop_criteria=stop_criteria,
-                                 logits_processors=logits_processors, progress=progress, cache=self.cache,
-                                 step=self._loop_step(later_steps))
+            loop_options = {**vars(o), "sampling": sampling, "cache": self.cache, "step": self._loop_step(later_steps)}
+            return generate_loop(self.decode_model, prompt, max_new_tokens, **loop_options)
 
     def _loop_step(self, later_steps: contextlib.ExitStack):
         """helpers.generate's step(model, token, cache) -> logits, over this generator's static step: the
@@ -397,4 +418,5 @@ class FastGenerator:
                 later_steps.enter_context(guards_checked_once())
             first = False
             return logits
+
         return step

@@ -16,12 +16,14 @@ truncates (generate_sliding_window is the explicit alternative).
 
 Out of scope: batching requests of different lengths (continuous batching), beam search.
 """
+
 from __future__ import annotations
 
 import torch
 
 from .kv_cache import KVCache
 from .model import check_cache, check_token_ids
+from .options import keyword_options
 from .sampling import SamplingConfig, check_generator, next_token
 from .sliding_window import RollingKVCache
 from .stopping import stop_checker
@@ -48,18 +50,23 @@ def as_prompt_tensor(prompt, model) -> torch.Tensor:
     return prompt.to(model.device, torch.long)
 
 
-def check_generation_length(prompt_len: int, max_new_tokens, max_seq_len: int,
-                            window: str = "the context window", name: str = "max_new_tokens") -> None:
+def check_generation_length(
+    prompt_len: int, max_new_tokens, max_seq_len: int, window: str = "the context window", name: str = "max_new_tokens"
+) -> None:
     """window: whose context window max_seq_len is, for the message (speculative.py checks the draft's too);
     name: the caller's name for max_new_tokens (the serving engine's is max_tokens)."""
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
         raise ValueError(f"{name} must be an int >= 0; got {max_new_tokens!r}")
     if prompt_len > max_seq_len:
-        raise ValueError(f"prompt has {prompt_len} tokens but {window} (max_seq_len) is "
-                         f"{max_seq_len}: allowed prompt length is 1..{max_seq_len}")
+        raise ValueError(
+            f"prompt has {prompt_len} tokens but {window} (max_seq_len) is "
+            f"{max_seq_len}: allowed prompt length is 1..{max_seq_len}"
+        )
     if prompt_len + max_new_tokens > max_seq_len:
-        raise ValueError(f"prompt ({prompt_len} tokens) + {name} ({max_new_tokens}) exceeds {window} "
-                         f"max_seq_len={max_seq_len}: allowed {name} is 0..{max_seq_len - prompt_len}")
+        raise ValueError(
+            f"prompt ({prompt_len} tokens) + {name} ({max_new_tokens}) exceeds {window} "
+            f"max_seq_len={max_seq_len}: allowed {name} is 0..{max_seq_len - prompt_len}"
+        )
 
 
 @torch.no_grad()
@@ -83,13 +90,15 @@ def check_logits_processors(logits_processors) -> tuple:
     """logits_processors as a tuple of callables proc(ids, logits) -> logits (a single callable is refused:
     it would be taken apart as an iterable, or silently ignored)."""
     if callable(logits_processors) or not all(callable(p) for p in logits_processors):
-        raise ValueError("logits_processors must be a list of callables proc(ids, logits) -> logits; "
-                         f"got {logits_processors!r}")
+        raise ValueError(
+            f"logits_processors must be a list of callables proc(ids, logits) -> logits; got {logits_processors!r}"
+        )
     return tuple(logits_processors)
 
 
-def prepare_generation(model, prompt, max_new_tokens, sampling: SamplingConfig | None, temperature: float,
-                       generator) -> tuple[torch.Tensor, SamplingConfig]:
+def prepare_generation(
+    model, prompt, max_new_tokens, sampling: SamplingConfig | None, temperature: float, generator
+) -> tuple[torch.Tensor, SamplingConfig]:
     """What every decode loop checks before any work: the generator, the prompt (returned as (B, T) long on
     the model's device), the length against the context window; and the SamplingConfig (built from
     `temperature` when none is given). Shared by generate, generate_without_cache and FastGenerator.generate."""
@@ -110,10 +119,22 @@ def _progress(total, show):
 
 
 @torch.no_grad()
-def generate(model, prompt, max_new_tokens: int, *, temperature: float = 0.0, sampling: SamplingConfig | None = None,
-             generator: torch.Generator | None = None, eos_id: int | None = None, stop_sequences=(),
-             cache: KVCache | None = None, progress: bool = False, stop_criteria=(), logits_processors=(),
-             step=None) -> torch.Tensor:
+def generate(
+    model,
+    prompt,
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    sampling: SamplingConfig | None = None,
+    generator: torch.Generator | None = None,
+    eos_id: int | None = None,
+    stop_sequences=(),
+    cache: KVCache | None = None,
+    progress: bool = False,
+    stop_criteria=(),
+    logits_processors=(),
+    step=None,
+) -> torch.Tensor:
     """Generate up to max_new_tokens after `prompt` with a KV cache. Returns (B, T + n_new) ids.
 
     temperature=0 (the default) is greedy decoding; pass `sampling=SamplingConfig(...)` for more.
@@ -141,9 +162,11 @@ def generate(model, prompt, max_new_tokens: int, *, temperature: float = 0.0, sa
         if cache.batch_size != B:
             raise ValueError(f"cache was built for batch size {cache.batch_size}; prompt has batch size {B}")
         if cache.max_seq_len < needed:
-            raise ValueError(f"cache holds {cache.max_seq_len} positions but prompt ({T} tokens) + max_new_tokens "
-                             f"({max_new_tokens}) needs {needed}: build it with "
-                             f"KVCache.for_model(model, batch_size={B}, max_seq_len={needed})")
+            raise ValueError(
+                f"cache holds {cache.max_seq_len} positions but prompt ({T} tokens) + max_new_tokens "
+                f"({max_new_tokens}) needs {needed}: build it with "
+                f"KVCache.for_model(model, batch_size={B}, max_seq_len={needed})"
+            )
     if max_new_tokens == 0:
         return prompt
     if cache is None:
@@ -157,8 +180,8 @@ def generate(model, prompt, max_new_tokens: int, *, temperature: float = 0.0, sa
     n = 0
     while True:
         for proc in logits_processors:
-            logits = proc(out[:, :T + n], logits)  # (B, V)
-        previous = out[:, :T + n] if penalised else None
+            logits = proc(out[:, : T + n], logits)  # (B, V)
+        previous = out[:, : T + n] if penalised else None
         tok = next_token(logits, sampling, generator, previous)  # (B, 1)
         out[:, T + n] = tok[:, 0]
         n += 1
@@ -171,25 +194,26 @@ def generate(model, prompt, max_new_tokens: int, *, temperature: float = 0.0, sa
         logits = step(model, tok, cache)
     if bar is not None:
         bar.close()
-    return out[:, :T + n]
+    return out[:, : T + n]
 
 
 @torch.no_grad()
-def generate_without_cache(model, prompt, max_new_tokens: int, *, temperature: float = 0.0,
-                           sampling: SamplingConfig | None = None, generator: torch.Generator | None = None,
-                           eos_id: int | None = None, stop_sequences=(), progress: bool = False,
-                           stop_criteria=()) -> torch.Tensor:
-    """The same loop without a cache: every step runs the model over the whole sequence so far."""
-    prompt, sampling = prepare_generation(model, prompt, max_new_tokens, sampling, temperature, generator)
+def generate_without_cache(model, prompt, max_new_tokens: int, **options) -> torch.Tensor:
+    """The same loop without a cache: every step runs the model over the whole sequence so far.
+
+    options: generate()'s keywords (temperature, sampling, generator, eos_id, stop_sequences, stop_criteria,
+    progress), with its defaults; not cache, step or logits_processors."""
+    o = keyword_options(generate, options, leave_out=("cache", "step", "logits_processors"))
+    prompt, sampling = prepare_generation(model, prompt, max_new_tokens, o.sampling, o.temperature, o.generator)
     B, T = prompt.shape
-    stop = stop_checker(B, eos_id, stop_sequences, stop_criteria)
+    stop = stop_checker(B, o.eos_id, o.stop_sequences, o.stop_criteria)
     generated: list[int] = []
     penalised = sampling.repetition_penalty != 1.0 or sampling.presence_penalty or sampling.frequency_penalty
     seq = prompt
-    bar = _progress(max_new_tokens, progress)
+    bar = _progress(max_new_tokens, o.progress)
     for _ in range(max_new_tokens):
         logits = model(seq, last_only=True, check=False)[:, -1, :]  # recompute every position: (B, V)
-        tok = next_token(logits, sampling, generator, seq if penalised else None)
+        tok = next_token(logits, sampling, o.generator, seq if penalised else None)
         seq = torch.cat([seq, tok], dim=1)
         if bar is not None:
             bar.update(1)

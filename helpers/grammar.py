@@ -19,6 +19,7 @@ Out of scope: grammars that need a stack (arbitrarily nested JSON; `json_object_
 flat JSON object of typed fields as a regular expression instead, as outlines does for JSON schemas),
 bitmask storage, and correcting the distortion masking causes (chapter 10 measures it).
 """
+
 from __future__ import annotations
 
 import re
@@ -32,6 +33,7 @@ __all__ = ["GrammarProcessor", "TokenGrammar", "json_object_pattern", "token_byt
 
 
 # ---- the DFA meets the vocabulary ------------------------------------------------------------------
+
 
 def token_bytes(tok) -> list[bytes | None]:
     """Each id's bytes, None for special tokens (they spell no text)."""
@@ -65,7 +67,7 @@ class TokenGrammar:
         padded = np.full((V, L), PAD, dtype=np.int64)
         for i, b in enumerate(vocab):
             if b:
-                padded[i, :len(b)] = list(b)
+                padded[i, : len(b)] = list(b)
         table = np.full((S + 2, 257), S + 1, dtype=np.int64)  # row S: DONE; row S + 1: dead (absorbing)
         table[:S, :256] = np.where(dfa.table >= 0, dfa.table, S + 1)
         table[:S, PAD] = np.arange(S)
@@ -97,8 +99,9 @@ class TokenGrammar:
         for k, i in enumerate(ids):
             nxt = int(self.next_state[state, i]) if 0 <= i < self.vocab_size else -1
             if nxt < 0:
-                raise ValueError(f"token {i} at generated position {k} is not allowed by the grammar "
-                                 f"{self.dfa.pattern!r} there")
+                raise ValueError(
+                    f"token {i} at generated position {k} is not allowed by the grammar {self.dfa.pattern!r} there"
+                )
             state = nxt
         return state
 
@@ -120,19 +123,24 @@ class GrammarProcessor:
     prompt already contains). Each row's state is looked up by its generated ids, so rows may be
     reordered between calls (beam search does)."""
 
-    def __init__(self, grammar: TokenGrammar, prompt_len: int, max_new_tokens: int | None = None,
-                 prefix: str | bytes = ""):
+    def __init__(
+        self, grammar: TokenGrammar, prompt_len: int, max_new_tokens: int | None = None, prefix: str | bytes = ""
+    ):
         self.grammar, self.prompt_len, self.max_new_tokens = grammar, prompt_len, max_new_tokens
         data = prefix.encode("utf-8") if isinstance(prefix, str) else bytes(prefix)
         bad = grammar.dfa.first_rejected_byte(data)
         if bad is not None:
-            raise ValueError(f"prefix {data!r} leaves the grammar {grammar.dfa.pattern!r} at byte {bad} "
-                             f"({data[bad:bad + 1]!r}), so no continuation can ever complete it")
+            raise ValueError(
+                f"prefix {data!r} leaves the grammar {grammar.dfa.pattern!r} at byte {bad} "
+                f"({data[bad : bad + 1]!r}), so no continuation can ever complete it"
+            )
         self.start = grammar.dfa.step(0, data)
         needed = int(grammar.tokens_to_finish[self.start])
         if max_new_tokens is not None and needed > max_new_tokens:
-            raise ValueError(f"the grammar {grammar.dfa.pattern!r} needs at least {needed} tokens to complete, "
-                             f"but max_new_tokens is {max_new_tokens}")
+            raise ValueError(
+                f"the grammar {grammar.dfa.pattern!r} needs at least {needed} tokens to complete, "
+                f"but max_new_tokens is {max_new_tokens}"
+            )
         self._states: dict[tuple, int] = {(): self.start}
 
     def state(self, generated: list[int]) -> int:
@@ -148,8 +156,9 @@ class GrammarProcessor:
         if T < self.prompt_len:
             raise ValueError(f"ids have {T} positions, fewer than prompt_len={self.prompt_len}")
         tokens_left = None if self.max_new_tokens is None else self.max_new_tokens - (T - self.prompt_len)
-        masks = torch.stack([self.grammar.mask(self.state(row), tokens_left)
-                             for row in ids[:, self.prompt_len:].tolist()])  # (B, V)
+        masks = torch.stack(
+            [self.grammar.mask(self.state(row), tokens_left) for row in ids[:, self.prompt_len :].tolist()]
+        )  # (B, V)
         return logits.masked_fill(~masks.to(logits.device), float("-inf"))
 
 

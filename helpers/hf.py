@@ -5,6 +5,7 @@ and the benchmark times HuggingFace's `generate` on identical weights.
 
 Out of scope: loading real Llama checkpoints (the course never downloads weights).
 """
+
 from __future__ import annotations
 
 import torch
@@ -16,11 +17,23 @@ def hf_config(cfg: ModelConfig, attn_implementation: str = "sdpa"):
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
-        num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
-        head_dim=cfg.head_dim, max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm_eps,
-        rope_theta=cfg.rope_theta, tie_word_embeddings=True, attention_bias=False, mlp_bias=False,
-        hidden_act="silu", bos_token_id=None, eos_token_id=None, pad_token_id=None,
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.d_model,
+        intermediate_size=cfg.d_ff,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        num_key_value_heads=cfg.n_kv_heads,
+        head_dim=cfg.head_dim,
+        max_position_embeddings=cfg.max_seq_len,
+        rms_norm_eps=cfg.norm_eps,
+        rope_theta=cfg.rope_theta,
+        tie_word_embeddings=True,
+        attention_bias=False,
+        mlp_bias=False,
+        hidden_act="silu",
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
         attn_implementation=attn_implementation,
     )
 

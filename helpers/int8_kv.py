@@ -13,10 +13,12 @@ does that inside the attention loop, here it is a plain tensor expression.
 Out of scope: int4 codes, per-channel key scales (KIVI), fused dequantize-in-attention kernels, a
 quantized sliding window.
 """
+
 from __future__ import annotations
 
 import torch
 
+from .cache_layout import CacheLayout
 from .kv_cache import PositionalCache
 from .model import check_cache_size
 
@@ -60,25 +62,22 @@ class Int8KVCache(PositionalCache):
     for `check_cache`, not for speed). The stored bytes are k_codes/v_codes and k_scale/v_scale.
     """
 
-    def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, max_seq_len: int, head_dim: int,
-                 dtype=torch.float32, device=None, model_cfg=None):
-        shape = (n_layers, batch_size, n_kv_heads, max_seq_len, head_dim)  # (L, B, Hkv, S, D)
-        self.k_codes = torch.zeros(shape, dtype=torch.int8, device=device)
-        self.v_codes = torch.zeros(shape, dtype=torch.int8, device=device)
-        self.k_scale = torch.ones(shape[:-1] + (1,), dtype=torch.float16, device=device)  # (L, B, Hkv, S, 1)
-        self.v_scale = torch.ones(shape[:-1] + (1,), dtype=torch.float16, device=device)
-        self.dtype, self.batch_size, self.max_seq_len = dtype, batch_size, max_seq_len
-        self.model_cfg = model_cfg
+    def __init__(self, layout: CacheLayout, batch_size: int, max_seq_len: int):
+        shape = (layout.n_layers, batch_size, layout.n_kv_heads, max_seq_len, layout.head_dim)  # (L, B, Hkv, S, D)
+        self.k_codes, self.v_codes = layout.buffers(shape, torch.int8)
+        self.k_scale = torch.ones(shape[:-1] + (1,), dtype=torch.float16, device=layout.device)  # (L, B, Hkv, S, 1)
+        self.v_scale = torch.ones(shape[:-1] + (1,), dtype=torch.float16, device=layout.device)
+        self.dtype, self.batch_size, self.max_seq_len = layout.dtype, batch_size, max_seq_len
+        self.model_cfg = layout.model_cfg
         self.length = 0
-        self._layers = [Int8LayerCache(self.k_codes[i], self.v_codes[i], self.k_scale[i], self.v_scale[i], dtype)
-                        for i in range(n_layers)]
+        self._layers = [
+            Int8LayerCache(self.k_codes[i], self.v_codes[i], self.k_scale[i], self.v_scale[i], layout.dtype)
+            for i in range(layout.n_layers)
+        ]
 
     @classmethod
     def for_model(cls, model, batch_size: int = 1, max_seq_len: int | None = None) -> "Int8KVCache":
-        cfg = model.cfg
-        max_seq_len = check_cache_size(cfg, batch_size, max_seq_len)
-        return cls(cfg.n_layers, batch_size, cfg.n_kv_heads, max_seq_len, cfg.head_dim, dtype=model.dtype,
-                   device=model.device, model_cfg=cfg)
+        return cls(CacheLayout.of(model), batch_size, check_cache_size(model.cfg, batch_size, max_seq_len))
 
     @property
     def k(self) -> torch.Tensor:
@@ -100,5 +99,7 @@ class Int8KVCache(PositionalCache):
 
     def __repr__(self):
         L, B, Hkv, S, D = self.k_codes.shape
-        return (f"Int8KVCache(layers={L}, batch={B}, kv_heads={Hkv}, max_seq_len={S}, head_dim={D}, "
-                f"length={self.length}, nbytes={self.nbytes:,})")
+        return (
+            f"Int8KVCache(layers={L}, batch={B}, kv_heads={Hkv}, max_seq_len={S}, head_dim={D}, "
+            f"length={self.length}, nbytes={self.nbytes:,})"
+        )

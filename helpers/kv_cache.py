@@ -20,6 +20,7 @@ model's keys.
 
 Out of scope: paged allocation and sliding-window eviction (chapter 05 builds both by hand).
 """
+
 from __future__ import annotations
 
 import torch
@@ -49,6 +50,7 @@ class PositionalCache:
     The cache contract (every cache the model or the engine uses keeps it): the attention writes through
     `layer(i).update(start_pos, k, v)`; whoever ran the forward then calls `commit(end)` to say positions
     [0, end) are filled; only the cache itself ever assigns `length`."""
+
     length: int
     max_seq_len: int
     _layers: list
@@ -74,8 +76,17 @@ class PositionalCache:
 
 
 class KVCache(PositionalCache):
-    def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, max_seq_len: int, head_dim: int,
-                 dtype=torch.float32, device=None, model_cfg=None):
+    def __init__(
+        self,
+        n_layers: int,
+        batch_size: int,
+        n_kv_heads: int,
+        max_seq_len: int,
+        head_dim: int,
+        dtype=torch.float32,
+        device=None,
+        model_cfg=None,
+    ):
         shape = (n_layers, batch_size, n_kv_heads, max_seq_len, head_dim)  # (L, B, Hkv, S, D)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
@@ -88,8 +99,16 @@ class KVCache(PositionalCache):
     def for_model(cls, model, batch_size: int = 1, max_seq_len: int | None = None, dtype=None) -> "KVCache":
         cfg = model.cfg
         max_seq_len = check_cache_size(cfg, batch_size, max_seq_len)
-        return cls(cfg.n_layers, batch_size, cfg.n_kv_heads, max_seq_len, cfg.head_dim,
-                   dtype=dtype or model.dtype, device=model.device, model_cfg=cfg)
+        return cls(
+            cfg.n_layers,
+            batch_size,
+            cfg.n_kv_heads,
+            max_seq_len,
+            cfg.head_dim,
+            dtype=dtype or model.dtype,
+            device=model.device,
+            model_cfg=cfg,
+        )
 
     @property
     def nbytes(self) -> int:
@@ -103,5 +122,7 @@ class KVCache(PositionalCache):
 
     def __repr__(self):
         L, B, Hkv, S, D = self.k.shape
-        return (f"KVCache(layers={L}, batch={B}, kv_heads={Hkv}, max_seq_len={S}, head_dim={D}, "
-                f"dtype={self.k.dtype}, length={self.length}, nbytes={self.nbytes:,})")
+        return (
+            f"KVCache(layers={L}, batch={B}, kv_heads={Hkv}, max_seq_len={S}, head_dim={D}, "
+            f"dtype={self.k.dtype}, length={self.length}, nbytes={self.nbytes:,})"
+        )

@@ -16,6 +16,7 @@ per-operation overhead, as it is for small models on a CPU.
 
 Out of scope: dropout, biases, mixture-of-experts, multi-GPU.
 """
+
 from __future__ import annotations
 
 import math
@@ -75,6 +76,9 @@ class ModelConfig:
         return replace(cls(), **{**PRESETS[name], **overrides})
 
 
+# what every Llama-3 model shares (their published config.json): the vocabulary, context, 8 KV heads, RoPE base
+LLAMA3_FAMILY = dict(vocab_size=128256, max_seq_len=8192, n_kv_heads=8, rope_theta=500000.0)
+
 # Named configurations (overrides of the defaults above).
 PRESETS: dict[str, dict] = {
     # the course model, shipped trained in helpers/checkpoints/target.safetensors
@@ -85,9 +89,9 @@ PRESETS: dict[str, dict] = {
     "tiny": dict(vocab_size=256, max_seq_len=128, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_ff=128),
     # a random-weight config large enough that batch-1 decode is memory-bound on a CPU
     "bench-150m": dict(n_layers=13, d_model=1024, n_heads=16, n_kv_heads=4, d_ff=2816),
-    # Llama-3-8B's shape, for FLOP and memory accounting (build it on the meta device)
-    "llama3-8b": dict(vocab_size=128256, max_seq_len=8192, n_layers=32, d_model=4096, n_heads=32,
-                      n_kv_heads=8, d_ff=14336, rope_theta=500000.0),
+    # Llama-3-8B's and Llama-3-70B's shapes, for FLOP and memory accounting (build them on the meta device)
+    "llama3-8b": dict(LLAMA3_FAMILY, n_layers=32, d_model=4096, n_heads=32, d_ff=14336),
+    "llama3-70b": dict(LLAMA3_FAMILY, n_layers=80, d_model=8192, n_heads=64, d_ff=28672),
 }
 
 
@@ -137,7 +141,7 @@ def attention_as_sums(q, k, v, mask):
     G = H // Hkv
     qg = q.reshape(B, Hkv, G * T, D)  # row g*T + t: query head kv*G + g at query t
     mask = mask.repeat(G, 1)  # (G*T, S)
-    scores = (qg.unsqueeze(-2) * k.unsqueeze(-3)).sum(-1) * D ** -0.5  # (B, Hkv, G*T, S)
+    scores = (qg.unsqueeze(-2) * k.unsqueeze(-3)).sum(-1) * D**-0.5  # (B, Hkv, G*T, S)
     weights = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
     y = (weights.unsqueeze(-1) * v.unsqueeze(-3)).sum(-2)  # (B, Hkv, G*T, D)
     return y.view(B, H, T, D)
@@ -156,8 +160,17 @@ class Attention(nn.Module):
         self.wo = nn.Linear(q_dim, cfg.d_model, bias=False)
         self.split_sizes = (q_dim, kv_dim, kv_dim)
 
-    def forward(self, x, cos, sin, layer_cache=None, start_pos: int = 0, attn_window: int | None = None,
-                causal: bool = True, static_mask=None):
+    def forward(
+        self,
+        x,
+        cos,
+        sin,
+        layer_cache=None,
+        start_pos: int = 0,
+        attn_window: int | None = None,
+        causal: bool = True,
+        static_mask=None,
+    ):
         B, T, C = x.shape
         H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
         q, k, v = self.wqkv(x).split(self.split_sizes, dim=-1)
@@ -174,8 +187,9 @@ class Attention(nn.Module):
             if self.static_attention == "sums" and torch.compiler.is_compiling():
                 y = attention_as_sums(q, layer_cache.k, layer_cache.v, static_mask)  # (B, H, T, D)
             else:
-                y = F.scaled_dot_product_attention(q, layer_cache.k, layer_cache.v, attn_mask=static_mask,
-                                                   enable_gqa=Hkv != H)  # (B, H, T, D)
+                y = F.scaled_dot_product_attention(
+                    q, layer_cache.k, layer_cache.v, attn_mask=static_mask, enable_gqa=Hkv != H
+                )  # (B, H, T, D)
             return self.wo(y.transpose(1, 2).reshape(B, T, H * D))
         if layer_cache is not None:
             # write the new keys/values at their positions, read back everything cached so far
@@ -190,8 +204,9 @@ class Attention(nn.Module):
             mask, is_causal = None, True  # the plain causal mask, built inside the kernel
         else:
             mask, is_causal = causal_mask(T, S, window=attn_window, device=x.device), False  # (T, S)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
-                                           enable_gqa=Hkv != H)  # (B, H, T, D)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=Hkv != H
+        )  # (B, H, T, D)
         y = y.transpose(1, 2).reshape(B, T, H * D)  # (B, T, C)
         return self.wo(y)
 
@@ -275,8 +290,17 @@ class Transformer(EmbeddedModel):
         """Distinct parameters (the tied embedding/head matrix counted once)."""
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, idx, cache=None, start_pos: int | None = None, attn_window: int | None = None,
-                last_only: bool = False, check: bool = True, causal: bool = True, input_pos=None):
+    def forward(
+        self,
+        idx,
+        cache=None,
+        start_pos: int | None = None,
+        attn_window: int | None = None,
+        last_only: bool = False,
+        check: bool = True,
+        causal: bool = True,
+        input_pos=None,
+    ):
         """Logits for every position of `idx` (B, T) -> (B, T, vocab_size).
 
         cache:       a KVCache built for this model (checked: check_cache, below); the T tokens are placed
@@ -302,25 +326,30 @@ class Transformer(EmbeddedModel):
             check_cache(cache, self)
             implied = getattr(cache, "attn_window", None)  # a rolling cache keeps exactly that many positions
             if implied is not None and attn_window not in (None, implied):
-                raise ValueError(f"this cache keeps the last {implied} positions: attn_window must be {implied} "
-                                 f"(or None, to take it from the cache); got {attn_window!r}")
+                raise ValueError(
+                    f"this cache keeps the last {implied} positions: attn_window must be {implied} "
+                    f"(or None, to take it from the cache); got {attn_window!r}"
+                )
             attn_window = implied if attn_window is None else attn_window
             start_pos = cache.length if start_pos is None else start_pos
             if not 0 <= start_pos <= cache.length:
                 raise ValueError(f"start_pos must be in [0, {cache.length}] (the cached length); got {start_pos}")
             if start_pos + T > cache.max_seq_len:
-                raise ValueError(f"positions {start_pos}..{start_pos + T - 1} do not fit the cache "
-                                 f"(max_seq_len={cache.max_seq_len}): it holds positions 0..{cache.max_seq_len - 1}")
+                raise ValueError(
+                    f"positions {start_pos}..{start_pos + T - 1} do not fit the cache "
+                    f"(max_seq_len={cache.max_seq_len}): it holds positions 0..{cache.max_seq_len - 1}"
+                )
             if cache.batch_size != B:
                 # named by the cache, not by idx: prefill and generate pass their own `prompt` here
                 raise ValueError(f"cache was built for batch size {cache.batch_size}; got a batch of {B} sequences")
         else:
             start_pos = 0 if start_pos is None else start_pos
         if start_pos + T > self.cfg.max_seq_len:
-            raise ValueError(f"sequence of {start_pos + T} tokens exceeds the context window "
-                             f"max_seq_len={self.cfg.max_seq_len}")
-        cos = self.rope_cos[start_pos:start_pos + T]  # (T, D)
-        sin = self.rope_sin[start_pos:start_pos + T]
+            raise ValueError(
+                f"sequence of {start_pos + T} tokens exceeds the context window max_seq_len={self.cfg.max_seq_len}"
+            )
+        cos = self.rope_cos[start_pos : start_pos + T]  # (T, D)
+        sin = self.rope_sin[start_pos : start_pos + T]
         x = self.embed(idx)  # (B, T, C)
         for i, layer in enumerate(self.layers):
             layer_cache = cache.layer(i) if cache is not None else None
@@ -392,13 +421,17 @@ def check_cache(cache, model) -> None:
     have = (L, Hkv, D, cache.k.dtype, cache.k.device)
     need = (cfg.n_layers, getattr(model, "cache_kv_heads", cfg.n_kv_heads), cfg.head_dim, model.dtype, model.device)
     if have != need:
-        raise ValueError(f"cache was built for another model ({_layout(*have)}); this model needs "
-                         f"{_layout(*need)}: build its cache with KVCache.for_model(model, ...)")
+        raise ValueError(
+            f"cache was built for another model ({_layout(*have)}); this model needs "
+            f"{_layout(*need)}: build its cache with KVCache.for_model(model, ...)"
+        )
     built_for = getattr(cache, "model_cfg", None)
     if built_for is not None and built_for is not cfg and built_for != cfg:
         differ = [k for k, v in cfg.to_dict().items() if built_for.to_dict()[k] != v]
-        raise ValueError(f"cache was built for another model (its ModelConfig differs in {', '.join(differ)}): "
-                         f"build its cache with KVCache.for_model(model, ...)")
+        raise ValueError(
+            f"cache was built for another model (its ModelConfig differs in {', '.join(differ)}): "
+            f"build its cache with KVCache.for_model(model, ...)"
+        )
 
 
 def check_cache_size(cfg, batch_size, max_seq_len) -> int:
@@ -406,8 +439,9 @@ def check_cache_size(cfg, batch_size, max_seq_len) -> int:
     window when None). Shared by every cache built for a model."""
     max_seq_len = cfg.max_seq_len if max_seq_len is None else max_seq_len
     if not _is_int(max_seq_len) or not 1 <= max_seq_len <= cfg.max_seq_len:
-        raise ValueError(f"max_seq_len must be in [1, {cfg.max_seq_len}] (the model's context window); "
-                         f"got {max_seq_len!r}")
+        raise ValueError(
+            f"max_seq_len must be in [1, {cfg.max_seq_len}] (the model's context window); got {max_seq_len!r}"
+        )
     if not _is_int(batch_size) or batch_size < 1:
         raise ValueError(f"batch_size must be an int >= 1; got {batch_size!r}")
     return max_seq_len

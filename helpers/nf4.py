@@ -18,6 +18,7 @@ Left out: QLoRA's double quantization (its absmax values themselves quantized to
 brings the scale's cost from 0.5 to about 0.127 bits per weight), a packed two-codes-per-byte layout, and any
 fast kernel: this module is for measuring the format's error and quality, not its speed.
 """
+
 from __future__ import annotations
 
 import torch
@@ -52,8 +53,9 @@ def _check(w: torch.Tensor, block_size: int) -> None:
         raise ValueError(f"block_size must be a positive int dividing in_features={w.shape[1]}; got {block_size!r}")
 
 
-def quantize_nf4(w: torch.Tensor, block_size: int = 64, scale_dtype: torch.dtype = torch.bfloat16,
-                 bits: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_nf4(
+    w: torch.Tensor, block_size: int = 64, scale_dtype: torch.dtype = torch.bfloat16, bits: int = 4
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Blockwise NormalFloat codes of an (N, K) matrix: (codes (N, K) uint8, absmax (N, K // block_size)).
     Each block of `block_size` consecutive weights along K is divided by its largest |w| (stored in
     scale_dtype, and rounded to it before dividing, so dequantizing reproduces what was encoded), then each
@@ -67,13 +69,15 @@ def quantize_nf4(w: torch.Tensor, block_size: int = 64, scale_dtype: torch.dtype
     return codes.reshape(N, K).to(torch.uint8), absmax
 
 
-def dequantize_nf4(codes: torch.Tensor, absmax: torch.Tensor, block_size: int = 64, bits: int = 4,
-                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def dequantize_nf4(
+    codes: torch.Tensor, absmax: torch.Tensor, block_size: int = 64, bits: int = 4, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """codes (N, K) and absmax (N, K // block_size) -> the (N, K) matrix they stand for."""
     N, K = codes.shape
     if absmax.shape != (N, K // block_size):
-        raise ValueError(f"absmax must have shape {(N, K // block_size)} for block_size={block_size}; "
-                         f"got {tuple(absmax.shape)}")
+        raise ValueError(
+            f"absmax must have shape {(N, K // block_size)} for block_size={block_size}; got {tuple(absmax.shape)}"
+        )
     levels = normal_float_codebook(bits).to(codes.device)
     w = levels[codes.long()].reshape(N, K // block_size, block_size) * absmax.float().unsqueeze(-1)  # (N, G, g)
     return w.reshape(N, K).to(dtype)

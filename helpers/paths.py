@@ -15,6 +15,7 @@ training state, so an interrupted run continues.
 Left out: any folder outside the checkout (the Python standard library the corpus is read from is
 found by `data.stdlib_root`), and creating folders: each writer makes its own when it first writes.
 """
+
 from __future__ import annotations
 
 import os

@@ -11,6 +11,7 @@ which Linux ties to the thread that started the child, so ask for it only when t
 and on every system a thread polls the parent's PID every 0.2 s. Left out: Windows' job objects (the PID
 poll is the only watch there).
 """
+
 from __future__ import annotations
 
 import os

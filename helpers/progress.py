@@ -15,6 +15,7 @@ bar as it stopped: finished, or where an error stopped it): a widget lives only 
 and a saved notebook reopened with a fresh kernel would otherwise show "Error displaying widget: model
 not found" where the bar was. A bar without a known total has no finished form and keeps tqdm's text.
 """
+
 from __future__ import annotations
 
 from tqdm.auto import tqdm as _auto_tqdm
@@ -35,6 +36,7 @@ def finished_text(bar, n: int | None = None) -> str | None:
 
 
 if _notebook_tqdm is not None:
+
     class _FinishedBox(TqdmHBox):
         """tqdm's widget container; only its plain-text form differs (the finished bar)."""
 

@@ -17,6 +17,7 @@ bytes: non-ASCII literals match their UTF-8 bytes, while `.` and negated classes
 Out of scope: anchors (`^`, `$`: the whole text always has to match), backreferences, lookaround,
 lazy quantifiers, Unicode classes, and minimisation. grammar.py compiles the DFA against a vocabulary.
 """
+
 from __future__ import annotations
 
 import re
@@ -33,6 +34,7 @@ MAX_REPEAT = 256  # {m,n} is expanded into copies; a larger bound would blow up 
 
 # ---- parsing: pattern -> syntax tree ------------------------------------------------------------
 # nodes: ("bytes", frozenset), ("cat", [nodes]), ("alt", [nodes]), ("repeat", node, min, max or None)
+
 
 class _Parser:
     def __init__(self, pattern: str):
@@ -123,10 +125,10 @@ class _Parser:
         if c in "ntrfv":
             return ("bytes", frozenset({ord({"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v"}[c])}))
         if c == "x":
-            if not re.fullmatch(r"[0-9a-fA-F]{2}", self.p[self.i:self.i + 2]):
+            if not re.fullmatch(r"[0-9a-fA-F]{2}", self.p[self.i : self.i + 2]):
                 self.fail("\\x needs two hex digits")
             self.i += 2
-            return ("bytes", frozenset({int(self.p[self.i - 2:self.i], 16)}))
+            return ("bytes", frozenset({int(self.p[self.i - 2 : self.i], 16)}))
         if c.isalnum():
             self.fail(f"unsupported escape \\{c}" + (" (backreferences are not supported)" if c.isdigit() else ""))
         return _literal(c)
@@ -148,7 +150,7 @@ class _Parser:
             lo = self.class_item()
             if isinstance(lo, frozenset):  # \d, \w, \s inside a class
                 chosen |= lo
-            elif self.peek() == "-" and self.p[self.i + 1:self.i + 2] not in ("]", ""):
+            elif self.peek() == "-" and self.p[self.i + 1 : self.i + 2] not in ("]", ""):
                 self.i += 1
                 hi = self.class_item()
                 if isinstance(hi, frozenset) or hi < lo:
@@ -185,6 +187,7 @@ def parse_regex(pattern: str):
 
 
 # ---- syntax tree -> NFA -> DFA -------------------------------------------------------------------
+
 
 class _NFA:
     def __init__(self):
@@ -249,6 +252,7 @@ class _NFA:
 class ByteDFA:
     """A deterministic automaton over bytes. `table[s, b]` is the next state (or DEAD = -1); every state
     left can still reach an accepting one. State 0 is the start."""
+
     pattern: str
     table: np.ndarray  # (S, 256) int32
     accepting: np.ndarray  # (S,) bool

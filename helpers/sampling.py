@@ -19,6 +19,7 @@ results are identical, which tests/test_sampling.py checks against its warpers).
 
 Out of scope: beam search, grammar-constrained decoding, batched per-row settings.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,8 +39,15 @@ class SamplingConfig:
     frequency_penalty: float = 0.0  # 0 = off; OpenAI's: subtract per previous occurrence
 
     def __post_init__(self):
-        validate_sampling(self.temperature, self.top_k, self.top_p, self.min_p, self.repetition_penalty,
-                          self.presence_penalty, self.frequency_penalty)
+        validate_sampling(
+            self.temperature,
+            self.top_k,
+            self.top_p,
+            self.min_p,
+            self.repetition_penalty,
+            self.presence_penalty,
+            self.frequency_penalty,
+        )
 
     @property
     def greedy(self) -> bool:
@@ -50,8 +58,9 @@ def _is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def validate_sampling(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0,
-                      presence_penalty=0.0, frequency_penalty=0.0) -> None:
+def validate_sampling(
+    temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0
+) -> None:
     """Raise a ValueError naming the first setting outside its allowed range."""
     if not _is_number(temperature) or temperature < 0:
         raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy); got {temperature!r}")
@@ -77,8 +86,10 @@ def check_logits(logits) -> None:
     (about 15 us on a CPU; on a GPU a synchronisation, which the decode loops' stop checks make anyway).
     """
     if not isinstance(logits, torch.Tensor) or not logits.is_floating_point() or logits.dim() == 0:
-        raise ValueError(f"logits must be a floating-point torch.Tensor of shape (..., V); got "
-                         f"{getattr(logits, 'dtype', type(logits).__name__)}")
+        raise ValueError(
+            f"logits must be a floating-point torch.Tensor of shape (..., V); got "
+            f"{getattr(logits, 'dtype', type(logits).__name__)}"
+        )
     if logits.shape[-1] == 0:
         raise ValueError(f"logits must have at least one token (V >= 1); got shape {tuple(logits.shape)}")
     row_max = logits.amax(dim=-1)  # (...,)
@@ -97,8 +108,10 @@ def check_generator(generator) -> None:
     """None (torch's global generator) or a torch.Generator; checked even when greedy decoding never uses it,
     so that a bad value (a seed, a NumPy generator) is caught the first time, not when sampling is switched on."""
     if generator is not None and not isinstance(generator, torch.Generator):
-        raise ValueError(f"generator must be a torch.Generator (e.g. torch.Generator().manual_seed(0)) or None; "
-                         f"got {type(generator).__name__}")
+        raise ValueError(
+            f"generator must be a torch.Generator (e.g. torch.Generator().manual_seed(0)) or None; "
+            f"got {type(generator).__name__}"
+        )
 
 
 def apply_temperature(logits: torch.Tensor, temperature: float | torch.Tensor) -> torch.Tensor:
@@ -110,8 +123,10 @@ def apply_temperature(logits: torch.Tensor, temperature: float | torch.Tensor) -
     if not isinstance(temperature, torch.Tensor) and temperature < torch.finfo(logits.dtype).tiny:
         # below the smallest normal number of the logits' dtype the divisor rounds to 0 (or to a subnormal a
         # CPU may flush to 0): the division would give inf and NaN, not the limit, which is greedy
-        raise ValueError(f"temperature {temperature!r} is too small for {logits.dtype} arithmetic (the smallest is "
-                         f"{torch.finfo(logits.dtype).tiny:.3g}); use temperature 0 for greedy decoding")
+        raise ValueError(
+            f"temperature {temperature!r} is too small for {logits.dtype} arithmetic (the smallest is "
+            f"{torch.finfo(logits.dtype).tiny:.3g}); use temperature 0 for greedy decoding"
+        )
     scaled = logits / temperature  # (..., V)
     if not isinstance(temperature, torch.Tensor) and temperature >= 1:
         return scaled  # |x / T| <= |x|: nothing can overflow; skipping the guard: 40 -> 5 us for a (1, 2048) row
@@ -167,8 +182,13 @@ def token_counts(previous: torch.Tensor, vocab_size: int, dtype=torch.float32) -
     return counts.scatter_add_(-1, previous, torch.ones_like(previous, dtype=dtype))
 
 
-def apply_penalties(logits: torch.Tensor, previous: torch.Tensor | None, repetition_penalty: float = 1.0,
-                    presence_penalty: float = 0.0, frequency_penalty: float = 0.0) -> torch.Tensor:
+def apply_penalties(
+    logits: torch.Tensor,
+    previous: torch.Tensor | None,
+    repetition_penalty: float = 1.0,
+    presence_penalty: float = 0.0,
+    frequency_penalty: float = 0.0,
+) -> torch.Tensor:
     """Penalise tokens already in `previous` (B, N) token ids (the prompt included). logits: (B, V).
 
     repetition (HuggingFace, from the CTRL paper): a seen token's logit is divided by the penalty if
@@ -177,22 +197,25 @@ def apply_penalties(logits: torch.Tensor, previous: torch.Tensor | None, repetit
     HuggingFace gives inf there, then NaN).
     presence / frequency (OpenAI): logit -= presence * [count > 0] + frequency * count.
     """
-    validate_sampling(repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
-                      frequency_penalty=frequency_penalty)
+    validate_sampling(
+        repetition_penalty=repetition_penalty, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty
+    )
     if previous is None or previous.numel() == 0:
         return logits
     if repetition_penalty != 1.0:
         seen = torch.gather(logits, -1, previous)  # (B, N)
-        penalised = logits.scatter(-1, previous, torch.where(seen < 0, seen * repetition_penalty,
-                                                             seen / repetition_penalty))
+        penalised = logits.scatter(
+            -1, previous, torch.where(seen < 0, seen * repetition_penalty, seen / repetition_penalty)
+        )
         # a penalty below 1 can push a finite logit past the dtype's range (3e38 / 0.5 = inf), and softmax
         # then meets inf - inf (NaN). Such rows are penalised in float64 and shifted by their maximum, which
         # changes no probability; what even float64 cannot hold is kept at the largest finite value. Other
         # rows keep the plain result (bit-identical to HuggingFace's); no device -> host read is needed.
         overflow = (torch.isinf(penalised) & torch.isfinite(logits)).any(dim=-1, keepdim=True)  # (B, 1)
         wide, seen64 = logits.double(), seen.double()
-        wide = wide.scatter(-1, previous, torch.where(seen64 < 0, seen64 * repetition_penalty,
-                                                      seen64 / repetition_penalty))
+        wide = wide.scatter(
+            -1, previous, torch.where(seen64 < 0, seen64 * repetition_penalty, seen64 / repetition_penalty)
+        )
         big = torch.finfo(torch.float64).max
         wide = wide.clamp(-big, big)
         shifted = (wide - wide.amax(dim=-1, keepdim=True)).clamp(min=-torch.finfo(logits.dtype).max)
@@ -208,8 +231,9 @@ def filtered_logits(logits: torch.Tensor, cfg: SamplingConfig, previous: torch.T
     if cfg.greedy:
         raise ValueError("temperature must be > 0 for filtered_logits (temperature 0 is greedy: use probabilities)")
     check_logits(logits)
-    logits = apply_penalties(logits.float(), previous, cfg.repetition_penalty, cfg.presence_penalty,
-                             cfg.frequency_penalty)
+    logits = apply_penalties(
+        logits.float(), previous, cfg.repetition_penalty, cfg.presence_penalty, cfg.frequency_penalty
+    )
     logits = apply_temperature(logits, cfg.temperature)
     logits = top_k_filter(logits, cfg.top_k)
     logits = top_p_filter(logits, cfg.top_p)
@@ -220,8 +244,9 @@ def probabilities(logits: torch.Tensor, cfg: SamplingConfig, previous: torch.Ten
     """The distribution the next token is drawn from, (..., V). Greedy gives a one-hot."""
     if cfg.greedy:
         check_logits(logits)
-        logits = apply_penalties(logits.float(), previous, cfg.repetition_penalty, cfg.presence_penalty,
-                                 cfg.frequency_penalty)
+        logits = apply_penalties(
+            logits.float(), previous, cfg.repetition_penalty, cfg.presence_penalty, cfg.frequency_penalty
+        )
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
     return filtered_logits(logits, cfg, previous).softmax(dim=-1)
 
@@ -249,8 +274,12 @@ def sample_from_uniform(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.minimum(picked, last_possible)
 
 
-def next_token(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None = None,
-               previous: torch.Tensor | None = None) -> torch.Tensor:
+def next_token(
+    logits: torch.Tensor,
+    cfg: SamplingConfig,
+    generator: torch.Generator | None = None,
+    previous: torch.Tensor | None = None,
+) -> torch.Tensor:
     """logits (B, V) -> token ids (B, 1). Greedy takes the argmax (no randomness consumed)."""
     check_generator(generator)
     if cfg.greedy and cfg.repetition_penalty == 1.0 and not (cfg.presence_penalty or cfg.frequency_penalty):

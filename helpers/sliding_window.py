@@ -34,10 +34,12 @@ window - 1. With n_sink=0 it is a plain sliding window that never runs out of po
 Out of scope: rolling back (speculative decoding would need the overwritten slots); chunks of several
 tokens once a SinkKVCache is full (each query of a chunk would need its own set of keys).
 """
+
 from __future__ import annotations
 
 import torch
 
+from .cache_layout import CacheLayout
 from .model import apply_rope
 
 
@@ -53,13 +55,15 @@ class RollingLayerCache:
         """Store (B, Hkv, T, D) keys/values for positions start_pos.. and return the keys/values the new
         queries may attend to: the window's slots for one token, or position-ordered keys for a chunk."""
         if start_pos != self.parent.length:
-            raise ValueError(f"a rolling cache only appends: start_pos must be {self.parent.length} "
-                             f"(the number of positions seen); got {start_pos}")
+            raise ValueError(
+                f"a rolling cache only appends: start_pos must be {self.parent.length} "
+                f"(the number of positions seen); got {start_pos}"
+            )
         W, T = self.window, k_new.shape[2]
         if T == 1:  # decode: overwrite the oldest slot, attend to every filled slot (any order is fine)
             slot = start_pos % W
-            self.k[:, :, slot:slot + 1] = k_new
-            self.v[:, :, slot:slot + 1] = v_new
+            self.k[:, :, slot : slot + 1] = k_new
+            self.v[:, :, slot : slot + 1] = v_new
             n = min(start_pos + 1, W)
             return self.k[:, :, :n], self.v[:, :, :n]  # (B, Hkv, n, D)
         # a chunk: the W-1 positions before it (in order) are all its first query can still see
@@ -69,14 +73,15 @@ class RollingLayerCache:
         v_all = torch.cat([self.v[:, :, prev], v_new], dim=2)
         keep = min(T, W)  # only the chunk's last W positions stay in the ring
         slots = torch.arange(start_pos + T - keep, start_pos + T, device=k_new.device) % W
-        self.k[:, :, slots] = k_new[:, :, T - keep:]
-        self.v[:, :, slots] = v_new[:, :, T - keep:]
+        self.k[:, :, slots] = k_new[:, :, T - keep :]
+        self.v[:, :, slots] = v_new[:, :, T - keep :]
         return k_all, v_all
 
 
 class WindowSlots:
     """What both window caches share: (L, B, Hkv, slots, D) key and value buffers allocated once, and one
     view of them per layer for the attention to write through."""
+
     k: torch.Tensor
     v: torch.Tensor
     _layers: list
@@ -94,8 +99,10 @@ class WindowSlots:
     def __repr__(self):
         L, B, Hkv, _, D = self.k.shape  # (L, B, Hkv, slots, D)
         sizes = ", ".join(f"{name}={getattr(self, name)}" for name in self.sizes)
-        return (f"{type(self).__name__}(layers={L}, batch={B}, kv_heads={Hkv}, {sizes}, head_dim={D}, "
-                f"dtype={self.k.dtype}, {self.counter}={getattr(self, self.counter)}, nbytes={self.nbytes:,})")
+        return (
+            f"{type(self).__name__}(layers={L}, batch={B}, kv_heads={Hkv}, {sizes}, head_dim={D}, "
+            f"dtype={self.k.dtype}, {self.counter}={getattr(self, self.counter)}, nbytes={self.nbytes:,})"
+        )
 
 
 class RollingKVCache(WindowSlots):
@@ -104,27 +111,24 @@ class RollingKVCache(WindowSlots):
     Keeps the cache contract (kv_cache.PositionalCache): `length` counts the positions seen so far (the next
     token goes to position `length`), `max_seq_len` is the position limit (the model's context window).
     """
+
     sizes, counter = ("window",), "length"
 
-    def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, window: int, head_dim: int,
-                 max_seq_len: int, dtype=torch.float32, device=None, model_cfg=None):
+    def __init__(self, layout: CacheLayout, batch_size: int, window: int, max_seq_len: int):
         if not isinstance(window, int) or isinstance(window, bool) or not 1 <= window <= max_seq_len:
             raise ValueError(f"window must be an int in [1, {max_seq_len}] (the context window); got {window!r}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1; got {batch_size}")
-        shape = (n_layers, batch_size, n_kv_heads, window, head_dim)  # (L, B, Hkv, W, D)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        shape = (layout.n_layers, batch_size, layout.n_kv_heads, window, layout.head_dim)  # (L, B, Hkv, W, D)
+        self.k, self.v = layout.buffers(shape)
         self.window, self.batch_size, self.max_seq_len = window, batch_size, max_seq_len
-        self.model_cfg = model_cfg  # the ModelConfig it was built for, as in KVCache (model.check_cache)
+        self.model_cfg = layout.model_cfg  # the ModelConfig it was built for, as in KVCache (model.check_cache)
         self.length = 0
-        self._layers = [RollingLayerCache(self, self.k[i], self.v[i]) for i in range(n_layers)]
+        self._layers = [RollingLayerCache(self, self.k[i], self.v[i]) for i in range(layout.n_layers)]
 
     @classmethod
     def for_model(cls, model, window: int, batch_size: int = 1, dtype=None) -> "RollingKVCache":
-        cfg = model.cfg
-        return cls(cfg.n_layers, batch_size, cfg.n_kv_heads, window, cfg.head_dim, cfg.max_seq_len,
-                   dtype=dtype or model.dtype, device=model.device, model_cfg=cfg)
+        return cls(CacheLayout.of(model, dtype), batch_size, window, model.cfg.max_seq_len)
 
     @property
     def attn_window(self) -> int:
@@ -135,8 +139,9 @@ class RollingKVCache(WindowSlots):
     def commit(self, end: int) -> None:
         """Positions up to end - 1 have been seen (the slots keep the last `window` of them)."""
         if not self.length <= end <= self.max_seq_len:
-            raise ValueError(f"a rolling cache only appends: end must be in [{self.length}, {self.max_seq_len}]; "
-                             f"got {end}")
+            raise ValueError(
+                f"a rolling cache only appends: end must be in [{self.length}, {self.max_seq_len}]; got {end}"
+            )
         self.length = end
 
     def reset(self) -> None:
@@ -157,22 +162,24 @@ class SinkLayerCache:
         if start_pos != p.length:
             raise ValueError(f"a sink cache only appends: start_pos must be {p.length}; got {start_pos}")
         T, C = k_new.shape[2], p.capacity
-        cos, sin = p.rope_cos[start_pos:start_pos + T], p.rope_sin[start_pos:start_pos + T]  # (T, D)
+        cos, sin = p.rope_cos[start_pos : start_pos + T], p.rope_sin[start_pos : start_pos + T]  # (T, D)
         k_raw = apply_rope(k_new, cos, -sin)  # undo the model's rotation: a rotation by -position
         if p.seen + T <= C:  # still room: plain causal attention over everything so far
-            self.k[:, :, p.seen:p.seen + T] = k_raw
-            self.v[:, :, p.seen:p.seen + T] = v_new
+            self.k[:, :, p.seen : p.seen + T] = k_raw
+            self.v[:, :, p.seen : p.seen + T] = v_new
             n = p.seen + T
         elif T == 1:  # full: evict the oldest window token, move the window up one place, append
             s = p.n_sink
-            self.k[:, :, s:C - 1] = self.k[:, :, s + 1:C].clone()  # clone: the two ranges overlap
-            self.v[:, :, s:C - 1] = self.v[:, :, s + 1:C].clone()
-            self.k[:, :, C - 1:] = k_raw
-            self.v[:, :, C - 1:] = v_new
+            self.k[:, :, s : C - 1] = self.k[:, :, s + 1 : C].clone()  # clone: the two ranges overlap
+            self.v[:, :, s : C - 1] = self.v[:, :, s + 1 : C].clone()
+            self.k[:, :, C - 1 :] = k_raw
+            self.v[:, :, C - 1 :] = v_new
             n = C
         else:
-            raise ValueError(f"a chunk of {T} tokens does not fit the {C - p.seen} free places of the sink cache; "
-                             "feed one token at a time once it is full")
+            raise ValueError(
+                f"a chunk of {T} tokens does not fit the {C - p.seen} free places of the sink cache; "
+                "feed one token at a time once it is full"
+            )
         k_all = apply_rope(self.k[:, :, :n], p.rope_cos[:n], p.rope_sin[:n])  # (B, Hkv, n, D), cache positions
         return k_all, self.v[:, :, :n]
 
@@ -184,34 +191,40 @@ class SinkKVCache(WindowSlots):
     is the cache position of the next token (it stops growing at n_sink + window - 1 once the cache is
     full) and `seen` counts every token fed so far. Use it without `attn_window`.
     """
+
     sizes, counter = ("n_sink", "window"), "seen"
 
-    def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, n_sink: int, window: int, head_dim: int,
-                 rope_cos: torch.Tensor, rope_sin: torch.Tensor, dtype=torch.float32, device=None, model_cfg=None):
+    def __init__(
+        self,
+        layout: CacheLayout,
+        batch_size: int,
+        n_sink: int,
+        window: int,
+        rope_cos: torch.Tensor,
+        rope_sin: torch.Tensor,
+    ):
         max_seq_len = rope_cos.shape[0]
         for name, value, low in (("n_sink", n_sink, 0), ("window", window, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}; got {value!r}")
         if n_sink + window > max_seq_len:
-            raise ValueError(f"n_sink + window must be at most {max_seq_len} (the context window); "
-                             f"got {n_sink} + {window}")
+            raise ValueError(
+                f"n_sink + window must be at most {max_seq_len} (the context window); got {n_sink} + {window}"
+            )
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1; got {batch_size}")
         self.n_sink, self.window, self.capacity = n_sink, window, n_sink + window
-        shape = (n_layers, batch_size, n_kv_heads, self.capacity, head_dim)  # (L, B, Hkv, C, D)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        shape = (layout.n_layers, batch_size, layout.n_kv_heads, self.capacity, layout.head_dim)  # (L, B, Hkv, C, D)
+        self.k, self.v = layout.buffers(shape)
         self.rope_cos, self.rope_sin = rope_cos, rope_sin  # (max_seq_len, D): the model's own tables
         self.batch_size, self.max_seq_len = batch_size, max_seq_len
-        self.model_cfg = model_cfg  # see model.check_cache
+        self.model_cfg = layout.model_cfg  # see model.check_cache
         self.seen = 0
-        self._layers = [SinkLayerCache(self, self.k[i], self.v[i]) for i in range(n_layers)]
+        self._layers = [SinkLayerCache(self, self.k[i], self.v[i]) for i in range(layout.n_layers)]
 
     @classmethod
     def for_model(cls, model, n_sink: int, window: int, batch_size: int = 1, dtype=None) -> "SinkKVCache":
-        cfg = model.cfg
-        return cls(cfg.n_layers, batch_size, cfg.n_kv_heads, n_sink, window, cfg.head_dim, model.rope_cos,
-                   model.rope_sin, dtype=dtype or model.dtype, device=model.device, model_cfg=cfg)
+        return cls(CacheLayout.of(model, dtype), batch_size, n_sink, window, model.rope_cos, model.rope_sin)
 
     @property
     def length(self) -> int:

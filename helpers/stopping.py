@@ -18,6 +18,7 @@ generation, and the criterion object remembers why.
 Out of scope: confidence-based early exit (that skips layers, it does not end generation) and
 beam-search "early stopping".
 """
+
 from __future__ import annotations
 
 import torch
@@ -83,7 +84,7 @@ class TextStop:
         self.matched: str | None = None  # the stop string that fired
 
     def __call__(self, generated: list[int]) -> bool:
-        text = self.tokenizer.decode(generated[-self.lookback:])
+        text = self.tokenizer.decode(generated[-self.lookback :])
         for s in self.stops:
             if s in text:
                 self.matched = s
@@ -144,7 +145,7 @@ class StopChecker:
         if self.eos_id is not None and generated and generated[-1] == self.eos_id:
             self.reason = "eos"
         for s in self.stop_sequences:
-            if len(generated) >= len(s) and generated[-len(s):] == s:
+            if len(generated) >= len(s) and generated[-len(s) :] == s:
                 self.reason = "stop_sequence"
         if self.reason is None:
             for criterion in self.stop_criteria:
@@ -157,8 +158,10 @@ class StopChecker:
 def as_stop_sequences(stop_sequences) -> list[list[int]]:
     """stop_sequences as lists of ints. A string would otherwise be taken apart into characters that never
     equal a token id, so the stop would silently never fire."""
-    text_stop = ("stop_sequences must be lists of token ids, e.g. [tok.encode('\\n')]; to stop at a string "
-                 "use stop_criteria=[TextStop(tok, [...])] from helpers.stopping")
+    text_stop = (
+        "stop_sequences must be lists of token ids, e.g. [tok.encode('\\n')]; to stop at a string "
+        "use stop_criteria=[TextStop(tok, [...])] from helpers.stopping"
+    )
     if isinstance(stop_sequences, (str, bytes)) or any(isinstance(s, (str, bytes)) for s in stop_sequences):
         raise ValueError(f"{text_stop}; got a string in {stop_sequences!r}")
     out = []

@@ -12,6 +12,7 @@ the removed bytes exactly (a token may end past them, " a" for a removed " ", or
 
 Out of scope: sampling (healing here is greedy), batches, and backing up more than a few tokens.
 """
+
 from __future__ import annotations
 
 import torch
@@ -66,7 +67,7 @@ def generate_healed(model, tok: Tokenizer, ids, max_new_tokens: int, n_back: int
         token = int(logits.argmax())
         out.append(token)
         spelled = tok.vocab[token]
-        remaining = remaining[len(spelled):] if remaining.startswith(spelled) else b""
+        remaining = remaining[len(spelled) :] if remaining.startswith(spelled) else b""
     if max_new_tokens == 0:
         return out
     return generate(model, out, max_new_tokens=max_new_tokens)[0].tolist()

@@ -9,6 +9,7 @@ from the training corpus; the last ids are special tokens (begin- and end-of-tex
 Out of scope: Unicode normalisation, chat templates, and speed (encoding is pure Python, with a
 per-chunk cache that makes a 10 MB corpus take tens of seconds).
 """
+
 from __future__ import annotations
 
 import json
@@ -107,8 +108,12 @@ class Tokenizer:
     # ---- persistence ----------------------------------------------------------------------
     def save(self, path) -> None:
         merges = sorted(self.merges.items(), key=lambda kv: kv[1])
-        doc = {"type": "byte-level-bpe", "split_pattern": SPLIT_PATTERN,
-               "special_tokens": list(self.special_tokens), "merges": [list(p) for p, _ in merges]}
+        doc = {
+            "type": "byte-level-bpe",
+            "split_pattern": SPLIT_PATTERN,
+            "special_tokens": list(self.special_tokens),
+            "merges": [list(p) for p, _ in merges],
+        }
         Path(path).write_text(json.dumps(doc, separators=(",", ":")) + "\n")
 
     @classmethod
@@ -119,8 +124,9 @@ class Tokenizer:
         return cls([tuple(p) for p in doc["merges"]], tuple(doc["special_tokens"]))
 
     def __repr__(self):
-        return (f"Tokenizer(vocab_size={self.vocab_size}, merges={len(self.merges)}, "
-                f"specials={list(self.special_tokens)})")
+        return (
+            f"Tokenizer(vocab_size={self.vocab_size}, merges={len(self.merges)}, specials={list(self.special_tokens)})"
+        )
 
 
 def merge_pair(ids: list[int], pair: tuple[int, int], new_id: int) -> list[int]:

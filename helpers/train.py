@@ -12,6 +12,7 @@ here), CUDA when present (bf16 autocast).
 
 Out of scope: multi-GPU, gradient accumulation, mixed-precision on the CPU.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,7 +49,7 @@ def get_batch(ids: np.ndarray, batch_size: int, seq_len: int, seed: int, step: i
     """Random windows of the token stream; the same (seed, step) always gives the same batch."""
     rng = np.random.default_rng([seed, step])
     starts = rng.integers(0, len(ids) - seq_len - 1, size=batch_size)
-    arr = np.stack([ids[s:s + seq_len + 1] for s in starts]).astype(np.int64)  # (B, T+1)
+    arr = np.stack([ids[s : s + seq_len + 1] for s in starts]).astype(np.int64)  # (B, T+1)
     t = torch.from_numpy(arr)
     return t[:, :-1], t[:, 1:]  # inputs (B, T), targets (B, T)
 
@@ -74,20 +75,23 @@ def save_state(run_dir: Path, model, opt, step: int, tokens_seen: int, args: dic
     tmp = run_dir / "state.safetensors.tmp"
     save_file(tensors, str(tmp))
     tmp.replace(run_dir / "state.safetensors")
-    (run_dir / "state.json").write_text(json.dumps(
-        {"step": step, "tokens_seen": tokens_seen, "args": args, "history": history}, indent=1))
+    (run_dir / "state.json").write_text(
+        json.dumps({"step": step, "tokens_seen": tokens_seen, "args": args, "history": history}, indent=1)
+    )
 
 
 def load_state(run_dir: Path, model, opt) -> dict:
     tensors = load_file(str(run_dir / "state.safetensors"))
-    sd = {k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")}
+    sd = {k[len("model/") :]: v for k, v in tensors.items() if k.startswith("model/")}
     sd["head.weight"] = sd["embed.weight"]
     model.load_state_dict(sd)
     for n, p in model.named_parameters():
         if f"exp_avg/{n}" in tensors:
-            opt.state[p] = {"exp_avg": tensors[f"exp_avg/{n}"].to(p.device),
-                            "exp_avg_sq": tensors[f"exp_avg_sq/{n}"].to(p.device),
-                            "step": tensors[f"opt_step/{n}"].reshape(()).to(p.device)}
+            opt.state[p] = {
+                "exp_avg": tensors[f"exp_avg/{n}"].to(p.device),
+                "exp_avg_sq": tensors[f"exp_avg_sq/{n}"].to(p.device),
+                "step": tensors[f"opt_step/{n}"].reshape(()).to(p.device),
+            }
     return json.loads((run_dir / "state.json").read_text())
 
 
@@ -98,8 +102,18 @@ def distill_loss(logits, teacher_logits, temperature: float = 1.0):
     return F.kl_div(s.flatten(0, 1), t.flatten(0, 1), log_target=True, reduction="batchmean")
 
 
-def train_steps(model, ids: np.ndarray, steps: int, batch_size: int = 8, seq_len: int = 128, lr: float = 3e-3,
-                seed: int = 0, causal: bool = True, progress: bool = True, desc: str = "training") -> list[float]:
+def train_steps(
+    model,
+    ids: np.ndarray,
+    steps: int,
+    batch_size: int = 8,
+    seq_len: int = 128,
+    lr: float = 3e-3,
+    seed: int = 0,
+    causal: bool = True,
+    progress: bool = True,
+    desc: str = "training",
+) -> list[float]:
     """A short training run for notebooks: AdamW, constant learning rate after a brief warmup.
 
     Returns the training loss (nats/token) at every step. `causal=False` trains without the causal
@@ -196,8 +210,9 @@ def main(argv=None):
     teacher = None
     if args.teacher:
         teacher = model_from_file(CHECKPOINTS / f"{args.teacher}.safetensors", device=device)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast(
-        "cpu", enabled=False)
+    autocast = (
+        torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+    )
     print(f"{cfg}\nparameters {model.num_parameters():,}; {total_steps} steps of {tokens_per_step} tokens")
     forward = torch.compile(model) if args.compile else model
 
@@ -229,9 +244,15 @@ def main(argv=None):
         bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.1e}", tok_s=f"{rate:,.0f}")
         if step % args.eval_every == 0 or step == total_steps:
             val = bits_per_byte(model, tok, val_ids, seq_len=seq_len, max_windows=args.eval_windows)
-            history.append({"step": step, "tokens": tokens_seen, "train_loss": round(loss.item(), 4),
-                            "val_bpb_estimate": round(val["bits_per_byte"], 4),
-                            "elapsed_s": round(time.time() - t_start)})
+            history.append(
+                {
+                    "step": step,
+                    "tokens": tokens_seen,
+                    "train_loss": round(loss.item(), 4),
+                    "val_bpb_estimate": round(val["bits_per_byte"], 4),
+                    "elapsed_s": round(time.time() - t_start),
+                }
+            )
             bar.write(json.dumps(history[-1]))
             model.train()
         if time.time() - last_save > args.save_minutes * 60 or step == total_steps:
@@ -248,20 +269,40 @@ def export(model, tok, val_ids, args, fingerprint, steps, tokens_seen, history, 
     path = CHECKPOINTS / f"{args.export}.safetensors"
     model = model.to("cpu", torch.float16).to(torch.float32).eval()  # exactly what will be loaded
     val = bits_per_byte(model, tok, val_ids, seq_len=seq_len, progress=True)
-    record = {"preset": args.preset, "parameters": model.num_parameters(), "corpus": fingerprint,
-              "tokenizer_sha256": sha256_file(TOKENIZER_FILE), "train_tokens": train_tokens, "steps": steps,
-              "tokens_seen": tokens_seen,
-              "batch_size": args.batch_size, "seq_len": seq_len, "peak_lr": args.lr, "seed": args.seed,
-              "teacher": args.teacher, "val_bits_per_byte": round(val["bits_per_byte"], 4),
-              "val_nats_per_token": round(val["nats_per_token"], 4), "val_tokens": val["tokens"],
-              "val_bytes": val["bytes"], "history": history}
+    record = {
+        "preset": args.preset,
+        "parameters": model.num_parameters(),
+        "corpus": fingerprint,
+        "tokenizer_sha256": sha256_file(TOKENIZER_FILE),
+        "train_tokens": train_tokens,
+        "steps": steps,
+        "tokens_seen": tokens_seen,
+        "batch_size": args.batch_size,
+        "seq_len": seq_len,
+        "peak_lr": args.lr,
+        "seed": args.seed,
+        "teacher": args.teacher,
+        "val_bits_per_byte": round(val["bits_per_byte"], 4),
+        "val_nats_per_token": round(val["nats_per_token"], 4),
+        "val_tokens": val["tokens"],
+        "val_bytes": val["bytes"],
+        "history": history,
+    }
     sha = save_checkpoint(model, path, record)
     manifest = json.loads(MANIFEST.read_text()) if MANIFEST.exists() else {}
     cmd = "python -m helpers.train " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    manifest[args.export] = {"file": path.name, "sha256": sha, "command": cmd,
-                             "val_bits_per_byte": record["val_bits_per_byte"], "parameters": record["parameters"]}
-    manifest["tokenizer"] = {"file": TOKENIZER_FILE.name, "sha256": sha256_file(TOKENIZER_FILE),
-                             "command": "python -m helpers.train_tokenizer"}
+    manifest[args.export] = {
+        "file": path.name,
+        "sha256": sha,
+        "command": cmd,
+        "val_bits_per_byte": record["val_bits_per_byte"],
+        "parameters": record["parameters"],
+    }
+    manifest["tokenizer"] = {
+        "file": TOKENIZER_FILE.name,
+        "sha256": sha256_file(TOKENIZER_FILE),
+        "command": "python -m helpers.train_tokenizer",
+    }
     MANIFEST.write_text(json.dumps(manifest, indent=2) + "\n")
     print(f"exported {path} ({path.stat().st_size:,} bytes): validation {record['val_bits_per_byte']} bits/byte")
 

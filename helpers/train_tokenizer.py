@@ -5,6 +5,7 @@
 Deterministic: the same corpus gives the same file. Retraining the tokenizer invalidates the shipped
 model checkpoints (their token ids would mean different text), so retrain those afterwards.
 """
+
 import argparse
 
 from . import data

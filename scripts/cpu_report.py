@@ -9,6 +9,7 @@ difference from the baseline and whether the greedy tokens agree. .ci/run prints
 the notebooks on the restricted CPU. The variables set in the calling environment are ignored: every
 row starts from a clean one.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,12 @@ import os
 import subprocess
 import sys
 
-VARIABLES = {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
-             "ONEDNN_MAX_CPU_ISA": "SSE41", "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"}
+VARIABLES = {
+    "ATEN_CPU_CAPABILITY": "default",
+    "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
+    "ONEDNN_MAX_CPU_ISA": "SSE41",
+    "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2",
+}
 
 PROBE = """
 import json, torch
@@ -37,8 +42,9 @@ print(json.dumps({"capability": torch.backends.cpu.get_cpu_capability(), "satura
 def run(extra: dict) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in VARIABLES}
     env.update({"OMP_NUM_THREADS": "1", **extra})
-    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -46,8 +52,9 @@ def main() -> None:
     base = run({})
     rows = [(f"{k}={v}", run({k: v})) for k, v in VARIABLES.items()] + [("all four", run(VARIABLES))]
     print(f"{'':36s} {'ATen kernels':>12s} {'int8 saturates':>14s} {'max |logit diff|':>16s} {'greedy':>9s}")
-    print(f"{'baseline (no variable)':36s} {base['capability']:>12s} {str(base['saturates']):>14s} {'-':>16s} "
-          f"{'-':>9s}")
+    print(
+        f"{'baseline (no variable)':36s} {base['capability']:>12s} {str(base['saturates']):>14s} {'-':>16s} {'-':>9s}"
+    )
     for name, r in rows:
         diff = max(abs(a - b) for a, b in zip(r["logits"], base["logits"]))
         same = "same" if r["greedy"] == base["greedy"] else "DIFFERS"

@@ -12,6 +12,7 @@ The notebook metadata is stored in the form JupyterLab writes when it opens and 
 change the file (on a Python other than the one that made them, JupyterLab still updates the version).
 Figures the notebooks save land in figures/. Prints each notebook's run time.
 """
+
 from __future__ import annotations
 
 import os
@@ -56,18 +57,28 @@ def run(path: Path, timeout: int = 900) -> float:
     from helpers.fast_decode import inductor_cache_dir  # one folder per instruction set (its docstring says why)
 
     nb = nbformat.read(path, as_version=4)
-    env_overrides = {"PYTHONHASHSEED": "0", "CUDA_VISIBLE_DEVICES": "", "LLM_COURSE_DEVICE": "cpu",
-                     "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir(),
-                     "LLM_COURSE_FIGURES": str(COMMITTED_FIGURES),  # the committed figures, whatever the caller set
-                     "LLM_COURSE_CHECK_FIGURES": "1",  # refuse a figure whose labels collide (course/figure_check.py)
-                     # one calibration for the whole run: each chapter prints the same ceilings (measure/calibration.py)
-                     "LLM_COURSE_CALIBRATION": str(RUN_CALIBRATION)}
+    env_overrides = {
+        "PYTHONHASHSEED": "0",
+        "CUDA_VISIBLE_DEVICES": "",
+        "LLM_COURSE_DEVICE": "cpu",
+        "OMP_NUM_THREADS": "1",
+        "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir(),
+        "LLM_COURSE_FIGURES": str(COMMITTED_FIGURES),  # the committed figures, whatever the caller set
+        "LLM_COURSE_CHECK_FIGURES": "1",  # refuse a figure whose labels collide (course/figure_check.py)
+        # one calibration for the whole run: each chapter prints the same ceilings (measure/calibration.py)
+        "LLM_COURSE_CALIBRATION": str(RUN_CALIBRATION),
+    }
     old = {k: os.environ.get(k) for k in env_overrides}
     os.environ.update(env_overrides)
     try:
         t0 = time.time()
-        NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}},
-                       record_timing=False).execute()
+        NotebookClient(
+            nb,
+            timeout=timeout,
+            kernel_name="python3",
+            resources={"metadata": {"path": str(path.parent)}},
+            record_timing=False,
+        ).execute()
         elapsed = time.time() - t0
     finally:
         for k, v in old.items():

@@ -1,4 +1,5 @@
 """Recomputed attention weights against the model's own attention and against HuggingFace's eager attention."""
+
 from __future__ import annotations
 
 import pytest

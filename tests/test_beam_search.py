@@ -5,6 +5,7 @@ gives bit-identical logits, see hf.py), so the tokens must be identical, not mer
 Random-weight models make near-ties rare; an end-of-text id that the model actually produces makes
 hypotheses finish at different lengths, so length_penalty and early_stopping change the result.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -34,14 +35,23 @@ def models():
 
 def hf_beam(hf, prompt, n, K, lp, es, eos, processors=()):
     with torch.no_grad():
-        return hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n, num_beams=K,
-                           do_sample=False, length_penalty=lp, early_stopping=es, eos_token_id=eos,
-                           pad_token_id=eos, logits_processor=LogitsProcessorList(list(processors)))
+        return hf.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=n,
+            num_beams=K,
+            do_sample=False,
+            length_penalty=lp,
+            early_stopping=es,
+            eos_token_id=eos,
+            pad_token_id=eos,
+            logits_processor=LogitsProcessorList(list(processors)),
+        )
 
 
 def eos_candidates(model):
     """Tokens the greedy continuation uses: as end-of-text they finish some hypotheses, not all."""
-    greedy = generate(model, PROMPT, 12)[0, PROMPT.shape[1]:].tolist()
+    greedy = generate(model, PROMPT, 12)[0, PROMPT.shape[1] :].tolist()
     return list(dict.fromkeys(greedy))[:3]
 
 
@@ -75,7 +85,7 @@ def test_return_score_is_the_length_penalised_sum(models):
     out, score = beam_search(model, PROMPT, 20, 3, length_penalty=2.0, eos_id=eos, return_score=True)
     T = PROMPT.shape[1]
     n = out.shape[1] - T
-    assert abs(score - continuation_log_prob(model, out, T) / n ** 2.0) < 1e-4
+    assert abs(score - continuation_log_prob(model, out, T) / n**2.0) < 1e-4
 
 
 def test_with_a_logits_processor_equal_hf(models):
@@ -90,7 +100,7 @@ def test_with_a_logits_processor_equal_hf(models):
     for K in (2, 4):
         ours = beam_search(model, PROMPT, 12, K, logits_processors=[even_only])
         assert torch.equal(ours, hf_beam(hf, PROMPT, 12, K, 1.0, False, None, [even_only]))
-        assert (ours[0, PROMPT.shape[1]:] % 2 == 0).all()
+        assert (ours[0, PROMPT.shape[1] :] % 2 == 0).all()
 
 
 def test_course_model_newline_as_end_equal_hf(shipped):
@@ -106,12 +116,20 @@ def test_course_model_newline_as_end_equal_hf(shipped):
         assert torch.equal(ours, hf_beam(hf, prompt, 24, K, lp, False, newline))
 
 
-@pytest.mark.parametrize("kwargs, name", [
-    (dict(num_beams=0), "num_beams"), (dict(num_beams=2.0), "num_beams"), (dict(num_beams=True), "num_beams"),
-    (dict(length_penalty=float("nan")), "length_penalty"), (dict(length_penalty="1"), "length_penalty"),
-    (dict(early_stopping="always"), "early_stopping"), (dict(early_stopping=1), "early_stopping"),
-    (dict(eos_id=10_000), "eos_id"), (dict(logits_processors=[3]), "logits_processors"),
-])
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(num_beams=0), "num_beams"),
+        (dict(num_beams=2.0), "num_beams"),
+        (dict(num_beams=True), "num_beams"),
+        (dict(length_penalty=float("nan")), "length_penalty"),
+        (dict(length_penalty="1"), "length_penalty"),
+        (dict(early_stopping="always"), "early_stopping"),
+        (dict(early_stopping=1), "early_stopping"),
+        (dict(eos_id=10_000), "eos_id"),
+        (dict(logits_processors=[3]), "logits_processors"),
+    ],
+)
 def test_bad_settings_name_the_parameter(models, kwargs, name):
     model, _ = models
     args = dict(num_beams=2) | kwargs

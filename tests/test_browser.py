@@ -12,6 +12,7 @@ found". Saves a screenshot of the panel as
 09_browser_sampling.png where the figures go (LLM_COURSE_FIGURES: a temp folder in the test suite, so the
 test leaves the git tree clean). Every request that is not to 127.0.0.1 is blocked.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,16 @@ from helpers.paths import REPO, figures_dir
 
 NOTEBOOK = REPO / "notebooks" / "09_sampling.ipynb"
 SCREENSHOT = figures_dir() / "09_browser_sampling.png"
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 RUN_ALL_TIMEOUT_S = 420  # the notebook takes well under a minute on a quiet machine; shared CI machines are not quiet
 
 pytestmark = pytest.mark.browser
@@ -71,7 +80,8 @@ def write_settings(root: Path) -> dict:
     settings = dirs["lab-settings"] / "@jupyterlab"
     (settings / "apputils-extension").mkdir(parents=True)
     (settings / "apputils-extension" / "notification.jupyterlab-settings").write_text(
-        json.dumps({"fetchNews": "false", "checkForUpdates": False}))  # no news pop-up over the page
+        json.dumps({"fetchNews": "false", "checkForUpdates": False})
+    )  # no news pop-up over the page
     # the notebook's windowing is left at JupyterLab's default: the panel must work the way learners see it
     return dirs
 
@@ -85,15 +95,34 @@ def jupyterlab(tmp_path):
     shutil.copy(NOTEBOOK, work / NOTEBOOK.name)  # JupyterLab autosaves into what it opens
     dirs = write_settings(tmp_path)
     port, token = free_port(), secrets.token_hex(16)
-    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(dirs["config"]), JUPYTER_DATA_DIR=str(dirs["data"]),
-               JUPYTER_RUNTIME_DIR=str(dirs["runtime"]), JUPYTERLAB_SETTINGS_DIR=str(dirs["lab-settings"]),
-               JUPYTERLAB_WORKSPACES_DIR=str(dirs["lab-workspaces"]), IPYTHONDIR=str(dirs["ipython"]),
-               JUPYTER_PLATFORM_DIRS="1", PYTHONHASHSEED="0",
-               OMP_NUM_THREADS="1")  # one thread: as fast for this small model, and robust on a busy machine
+    env = dict(
+        os.environ,
+        JUPYTER_CONFIG_DIR=str(dirs["config"]),
+        JUPYTER_DATA_DIR=str(dirs["data"]),
+        JUPYTER_RUNTIME_DIR=str(dirs["runtime"]),
+        JUPYTERLAB_SETTINGS_DIR=str(dirs["lab-settings"]),
+        JUPYTERLAB_WORKSPACES_DIR=str(dirs["lab-workspaces"]),
+        IPYTHONDIR=str(dirs["ipython"]),
+        JUPYTER_PLATFORM_DIRS="1",
+        PYTHONHASHSEED="0",
+        OMP_NUM_THREADS="1",
+    )  # one thread: as fast for this small model, and robust on a busy machine
     log = open(tmp_path / "jupyterlab.log", "w")
-    cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-           "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work}",
-           "--allow-root", "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyter",
+        "lab",
+        "--no-browser",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={work}",
+        "--allow-root",
+        "--LabApp.news_url=",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    ]
     server = subprocess.Popen(cmd, env=env, cwd=work, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -130,8 +159,9 @@ def wait_for_idle_kernel(page, base, token, timeout=120):
     the page's requests through) only while a playwright call is in progress."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        sessions = [s for s in api(base, token, "/api/sessions")
-                    if NOTEBOOK.name in (s.get("name"), Path(s["path"]).name)]  # JupyterLab 4: path may be an id
+        sessions = [
+            s for s in api(base, token, "/api/sessions") if NOTEBOOK.name in (s.get("name"), Path(s["path"]).name)
+        ]  # JupyterLab 4: path may be an id
         if sessions and sessions[0]["kernel"]["execution_state"] == "idle":
             return
         page.wait_for_timeout(500)
@@ -154,8 +184,9 @@ def run_all_cells(page, base, token):
     idle_since = None
     while time.monotonic() < deadline:
         texts = [t.strip() for t in prompts(page)]
-        sessions = [s for s in api(base, token, "/api/sessions")
-                    if NOTEBOOK.name in (s.get("name"), Path(s["path"]).name)]
+        sessions = [
+            s for s in api(base, token, "/api/sessions") if NOTEBOOK.name in (s.get("name"), Path(s["path"]).name)
+        ]
         idle = bool(sessions) and sessions[0]["kernel"]["execution_state"] == "idle"
         if idle and texts and "[*]:" not in texts and re.fullmatch(r"\[\d+\]:", texts[-1]):
             idle_since = idle_since or time.monotonic()
@@ -223,11 +254,14 @@ def widget_errors_top_to_bottom(page, steps: int = 400) -> list[str]:
     broken = set()
     for _ in range(steps):
         page.wait_for_timeout(150)
-        for cell in page.locator(".jp-CodeCell", has=page.locator(".jp-OutputArea-output",
-                                                                  has_text="Error displaying widget")).all():
+        for cell in page.locator(
+            ".jp-CodeCell", has=page.locator(".jp-OutputArea-output", has_text="Error displaying widget")
+        ).all():
             broken.add(cell.locator(".jp-InputArea").inner_text()[:80])
-        at_end = page.evaluate("Array.from(document.querySelectorAll('.jp-WindowedPanel-outer')).every("
-                               "e => e.scrollTop + e.clientHeight >= e.scrollHeight - 2)")
+        at_end = page.evaluate(
+            "Array.from(document.querySelectorAll('.jp-WindowedPanel-outer')).every("
+            "e => e.scrollTop + e.clientHeight >= e.scrollHeight - 2)"
+        )
         if at_end:
             return sorted(broken)
         page.evaluate("document.querySelectorAll('.jp-WindowedPanel-outer').forEach(e => e.scrollTop += 400)")
@@ -242,8 +276,11 @@ def save_and_reopen(context, page, base, token, saved: Path):
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # the saved file holds the live panel's view, under its model id
         outputs = [out for cell in json.loads(saved.read_text())["cells"] for out in cell.get("outputs", [])]
-        views = [out["data"]["application/vnd.jupyter.widget-view+json"] for out in outputs
-                 if "application/vnd.jupyter.widget-view+json" in out.get("data", {})]
+        views = [
+            out["data"]["application/vnd.jupyter.widget-view+json"]
+            for out in outputs
+            if "application/vnd.jupyter.widget-view+json" in out.get("data", {})
+        ]
         if any(view.get("model_id") == PANEL_MODEL_ID for view in views):
             break
         page.wait_for_timeout(500)

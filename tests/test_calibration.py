@@ -1,5 +1,6 @@
 """helpers.measure.calibration: plausible ceilings, measured once per process. Only what holds on any machine
 (and under load) is asserted: magnitudes, the cache, and read-only bandwidth beside copy bandwidth."""
+
 import dataclasses
 import json
 import time
@@ -79,4 +80,3 @@ def test_a_run_file_shares_one_calibration(cal, tmp_path, monkeypatch):
         assert again.peak_flops != 123.0 and json.loads(shared.read_text())["threads"] == again.threads
     finally:
         calibration._calibrate.cache_clear()
-

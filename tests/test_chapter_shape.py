@@ -2,6 +2,7 @@
 path of at most 45 cells before "## Exercises", 3-5 exercises with at least one prediction checked by a
 measurement, a summary, at most 80 cells in all; and no markdown cell quotes another machine, since a
 learner's run can never agree with a number measured elsewhere (measured values reach prose through code)."""
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,8 @@ MAIN_PATH_CELLS, CHAPTER_CELLS = 45, 80
 NAMES_A_MACHINE = re.compile(
     r"\b(zen ?[0-9]|xeon|epyc|ryzen|sapphire rapids|skylake|graviton|threadripper|core i[3579])\b"
     r"|(course|outputs?|notebook) (was|were) (written|made|run) on\b|on (one of )?our machines|on another machine",
-    re.IGNORECASE)
+    re.IGNORECASE,
+)
 
 
 def _cells(path):
@@ -31,8 +33,13 @@ def _text(cell) -> str:
 
 
 def _headings(cells) -> list[tuple[int, str]]:
-    return [(i, line.strip()) for i, c in enumerate(cells) if c["cell_type"] == "markdown"
-            for line in _text(c).splitlines() if line.startswith("## ")]
+    return [
+        (i, line.strip())
+        for i, c in enumerate(cells)
+        if c["cell_type"] == "markdown"
+        for line in _text(c).splitlines()
+        if line.startswith("## ")
+    ]
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem[:2])
@@ -41,7 +48,8 @@ def test_main_path_exercises_and_length(path):
     exercises_at = [i for i, h in _headings(cells) if h == "## Exercises"]
     assert exercises_at, f"{path.name}: no '## Exercises' heading"
     assert exercises_at[0] <= MAIN_PATH_CELLS, (
-        f"{path.name}: main path is {exercises_at[0]} cells (at most {MAIN_PATH_CELLS}); move the rest to Going deeper")
+        f"{path.name}: main path is {exercises_at[0]} cells (at most {MAIN_PATH_CELLS}); move the rest to Going deeper"
+    )
     assert len(cells) <= CHAPTER_CELLS, f"{path.name}: {len(cells)} cells (at most {CHAPTER_CELLS})"
     code = "\n".join(_text(c) for c in cells if c["cell_type"] == "code")
     checks = set(re.findall(r"\bch\d\d\.check_(\d+)\(", code))
@@ -59,17 +67,27 @@ def test_goals_and_summary(path):
     assert summary, f"{path.name}: no '## Summary'"
 
 
-@pytest.mark.parametrize("path", CHAPTERS + sorted((REPO / "notebooks" / "solutions").glob("*.ipynb")),
-                         ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "path", CHAPTERS + sorted((REPO / "notebooks" / "solutions").glob("*.ipynb")), ids=lambda p: p.stem
+)
 def test_no_markdown_names_a_machine(path):
-    hits = [(i, m.group(0)) for i, c in enumerate(_cells(path)) if c["cell_type"] == "markdown"
-            for m in [NAMES_A_MACHINE.search(_text(c))] if m]
+    hits = [
+        (i, m.group(0))
+        for i, c in enumerate(_cells(path))
+        if c["cell_type"] == "markdown"
+        for m in [NAMES_A_MACHINE.search(_text(c))]
+        if m
+    ]
     assert not hits, f"{path.name}: markdown cells name a CPU or another machine: {hits[:5]}"
 
 
 def test_the_pattern_finds_what_it_should():
     # the check above can fail: these sentences are the kind the course once carried
-    for sentence in ("on an AMD Zen 5 machine it made the step 1.7x faster", "the Intel Xeon gave 1.01x",
-                     "On the machine this course was written on", "outputs were made on a laptop"):
+    for sentence in (
+        "on an AMD Zen 5 machine it made the step 1.7x faster",
+        "the Intel Xeon gave 1.01x",
+        "On the machine this course was written on",
+        "outputs were made on a laptop",
+    ):
         assert NAMES_A_MACHINE.search(sentence), sentence
     assert not NAMES_A_MACHINE.search("this run's CPU reads 13.5 GB/s")

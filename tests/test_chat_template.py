@@ -1,5 +1,6 @@
 """helpers/serving/chat_template.py: templates render as HuggingFace's transformers renders them, special-token
 markers become single ids (and never come from a message), and the server's plain template is unchanged."""
+
 from __future__ import annotations
 
 import jinja2
@@ -22,10 +23,12 @@ from helpers.serving.chat_template import (
 TEMPLATES = [CHATML_TEMPLATE, LLAMA3_TEMPLATE, PYFILE_TEMPLATE, PLAIN_TEMPLATE]
 CONVERSATIONS = [
     [{"role": "user", "content": "hi"}],
-    [{"role": "system", "content": "You write short Python functions."},
-     {"role": "user", "content": "Reverse a string.\n\n"},
-     {"role": "assistant", "content": "def reverse(s):\n    return s[::-1]"},
-     {"role": "user", "content": "  Now\ntwice, in Ünïcode ✓ "}],
+    [
+        {"role": "system", "content": "You write short Python functions."},
+        {"role": "user", "content": "Reverse a string.\n\n"},
+        {"role": "assistant", "content": "def reverse(s):\n    return s[::-1]"},
+        {"role": "user", "content": "  Now\ntwice, in Ünïcode ✓ "},
+    ],
     [{"role": "user", "content": "a"}, {"role": "assistant", "content": ""}, {"role": "user", "content": "\n"}],
 ]
 
@@ -83,15 +86,18 @@ def test_a_mapping_to_a_token_the_tokenizer_lacks_is_refused(tok):
         chat_token_ids(tok, CONVERSATIONS[0], specials={"<|im_start|>": "<|im_start|>"})
 
 
-@pytest.mark.parametrize("messages, match", [
-    ([], "non-empty list"),
-    ("hi", "non-empty list"),
-    ([{"role": "user"}], r"messages\[0\] must be an object"),
-    ([{"role": "user", "content": "x", "name": "n"}], r"messages\[0\] must be an object"),
-    ([{"role": "user", "content": "x"}, {"role": "tool", "content": "x"}], r"messages\[1\]\.role must be one of"),
-    ([{"role": "user", "content": 3}], r"messages\[0\]\.content must be a string"),
-    ([{"role": "system", "content": "x"}], "at least one message with role 'user'"),
-])
+@pytest.mark.parametrize(
+    "messages, match",
+    [
+        ([], "non-empty list"),
+        ("hi", "non-empty list"),
+        ([{"role": "user"}], r"messages\[0\] must be an object"),
+        ([{"role": "user", "content": "x", "name": "n"}], r"messages\[0\] must be an object"),
+        ([{"role": "user", "content": "x"}, {"role": "tool", "content": "x"}], r"messages\[1\]\.role must be one of"),
+        ([{"role": "user", "content": 3}], r"messages\[0\]\.content must be a string"),
+        ([{"role": "system", "content": "x"}], "at least one message with role 'user'"),
+    ],
+)
 def test_bad_conversations_name_the_message(messages, match):
     with pytest.raises(ValueError, match=match):
         render(CHATML_TEMPLATE, messages)

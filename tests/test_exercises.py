@@ -1,5 +1,6 @@
 """The exercise check: not attempted, not run yet, right, wrong, and an answer of the wrong kind; and how a
 wrong answer looks in a notebook (one line, still an error)."""
+
 import sys
 
 import nbformat
@@ -62,13 +63,16 @@ def test_a_stub_function_is_not_attempted_yet(monkeypatch, capsys):
 
 
 def test_in_a_notebook_a_wrong_answer_is_one_line_and_still_an_error():
-    nb = nbformat.v4.new_notebook(cells=[
-        nbformat.v4.new_code_cell("from helpers.course.exercises import ch13\nblocks_held = 5"),
-        nbformat.v4.new_code_cell("ch13.check_1()", metadata={"tags": ["raises-exception"]}),
-        nbformat.v4.new_code_cell("ch13.check_2()"),
-    ])
-    NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True,
-                   resources={"metadata": {"path": str(REPO)}}).execute()
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell("from helpers.course.exercises import ch13\nblocks_held = 5"),
+            nbformat.v4.new_code_cell("ch13.check_1()", metadata={"tags": ["raises-exception"]}),
+            nbformat.v4.new_code_cell("ch13.check_2()"),
+        ]
+    )
+    NotebookClient(
+        nb, timeout=120, kernel_name="python3", allow_errors=True, resources={"metadata": {"path": str(REPO)}}
+    ).execute()
     [error] = nb.cells[1].outputs
     assert error.output_type == "error" and error.ename == "ExerciseNotRight"  # nbval still sees the error
     assert error.evalue.startswith("Exercise 13.1: not right yet") and "hint:" in error.evalue
@@ -84,8 +88,12 @@ def test_chapter_08_checks_accept_the_worked_answers_and_refuse_wrong_ones(capsy
 
     def window_tiles(T, block, W):  # the worked solution
         n = math.ceil(T / block)
-        return {(i, j) for i in range(n) for j in range(n)
-                if j * block <= min(T, (i + 1) * block) - 1 and (j + 1) * block - 1 >= i * block - W + 1}
+        return {
+            (i, j)
+            for i in range(n)
+            for j in range(n)
+            if j * block <= min(T, (i + 1) * block) - 1 and (j + 1) * block - 1 >= i * block - W + 1
+        }
 
     ch08.check_2(window_tiles)
     ch08.check_3(300, measure=lambda: 320 * 1024)
@@ -103,8 +111,11 @@ def test_prediction_checks_measure_only_once_predicted_and_say_how_far_off(capsy
     from helpers.course.exercises import ch09, ch10, ch15
 
     # (check, a close prediction, a far one, what the measurement returns: tokens, a share, seconds)
-    for check, good, bad, value in [(ch09.check_4, 100, 1000, 60), (ch10.check_4, 0.74, 0.99, 0.75),
-                                    (ch15.check_5, 40.0, 400.0, 0.05)]:
+    for check, good, bad, value in [
+        (ch09.check_4, 100, 1000, 60),
+        (ch10.check_4, 0.74, 0.99, 0.75),
+        (ch15.check_5, 40.0, 400.0, 0.05),
+    ]:
         check(..., measure=lambda: 1 / 0)  # not attempted: nothing is measured
         check(good, measure=lambda v=value: v)
         with pytest.raises(ExerciseNotRight, match="you predicted"):

@@ -1,6 +1,7 @@
 """Chapters 04-06's exercise checks: the worked answers pass, typical wrong answers fail with one line.
 (The solutions notebooks run every check on its worked answer under nbval; the predictions checked by a timing
 are exercised there only, since their measurement takes seconds.)"""
+
 from __future__ import annotations
 
 import pytest
@@ -86,7 +87,7 @@ def test_05_3_ragged_pair(model_and_tok, capsys):
     model, tok = model_and_tok
 
     def one_at_a_time(prompts, n_new):  # the right tokens (not batched, which the check cannot see)
-        return [generate(model, p, n_new)[0, len(p):].tolist() for p in prompts]
+        return [generate(model, p, n_new)[0, len(p) :].tolist() for p in prompts]
 
     ch05.check_3(model, tok, one_at_a_time)
     assert "correct" in capsys.readouterr().out
@@ -105,8 +106,16 @@ def test_06_checks(capsys):
     from helpers.measure.flops import arithmetic_intensity, matmul_parameters, parameter_count, weight_bytes
     from helpers.model import ModelConfig
 
-    cfg70 = ModelConfig(vocab_size=128256, max_seq_len=8192, n_layers=80, d_model=8192, n_heads=64, n_kv_heads=8,
-                        d_ff=28672, rope_theta=500000.0)
+    cfg70 = ModelConfig(
+        vocab_size=128256,
+        max_seq_len=8192,
+        n_layers=80,
+        d_model=8192,
+        n_heads=64,
+        n_kv_heads=8,
+        d_ff=28672,
+        rope_theta=500000.0,
+    )
     p70 = parameter_count(cfg70, tied_embeddings=False)
     ch06.check_1((p70, p70 / matmul_parameters(cfg70)))
     limit = arithmetic_intensity(ModelConfig.from_preset("llama3-8b"), 1, n_past=4096, batch_size=10**6)
@@ -137,4 +146,3 @@ def test_checks_read_the_answer_from_the_notebook(capsys, monkeypatch):
     monkeypatch.setattr(__main__, "dense_ratio_after_prompt", 44_950 / 499, raising=False)
     ch04.check_3()
     assert "correct" in capsys.readouterr().out
-

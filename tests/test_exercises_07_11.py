@@ -1,6 +1,7 @@
 """Chapters 07 and 11's exercise checks: the worked answers pass, typical wrong answers fail with one line.
 (The solutions notebooks run every check on its worked answer under nbval; the predictions checked by a
 measurement, 07.2 and 11.4, are exercised here with the measurement replaced, and for real there.)"""
+
 from __future__ import annotations
 
 import math
@@ -117,6 +118,8 @@ def test_11_4_measures_nf3_on_the_course_model():
 
 def _fixed_measurement(prediction, value):
     """prediction() with its measurement replaced by a constant (the real one times a model on this machine)."""
+
     def wrapped(label, predicted, measure, **kw):
         return prediction(label, predicted, lambda: value, **kw)
+
     return wrapped

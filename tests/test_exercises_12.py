@@ -1,6 +1,7 @@
 """Chapter 12's exercise checks: the worked answers pass, typical wrong answers fail with one line.
 (The solutions notebook runs every check on its worked answer under nbval; the prediction checked by a
 measurement, 12.3, is exercised here on random-weight models, whose greedy rounds take milliseconds.)"""
+
 from __future__ import annotations
 
 import pytest

@@ -1,6 +1,7 @@
 """Chapter 14's exercise checks: the worked answers pass, typical wrong answers fail with one line. (The solutions
 notebook runs every check on its worked answer under nbval; exercise 4's real measurement, a load test against a
 server, runs there only.)"""
+
 from __future__ import annotations
 
 import pytest

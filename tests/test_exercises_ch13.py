@@ -1,4 +1,5 @@
 """Chapter 13's exercise checks: each accepts the worked answer and refuses a plausible wrong one in one line."""
+
 from __future__ import annotations
 
 import pytest
@@ -23,13 +24,16 @@ def test_worked_answers_pass(capsys):
     assert capsys.readouterr().out.count("correct") == 5
 
 
-@pytest.mark.parametrize("check,wrong", [
-    (ch13.check_1, 3),  # the last token counted as stored
-    (ch13.check_2, 0.5),
-    (ch13.check_3, 72),  # the partly shared 9th block counted
-    (ch13.check_4, lambda a, b: (a[0], a[1] + b[1], a[2] + b[2])),  # parts added without rescaling
-    (ch13.check_5, 4.0),  # as if the time followed each request's length
-])
+@pytest.mark.parametrize(
+    "check,wrong",
+    [
+        (ch13.check_1, 3),  # the last token counted as stored
+        (ch13.check_2, 0.5),
+        (ch13.check_3, 72),  # the partly shared 9th block counted
+        (ch13.check_4, lambda a, b: (a[0], a[1] + b[1], a[2] + b[2])),  # parts added without rescaling
+        (ch13.check_5, 4.0),  # as if the time followed each request's length
+    ],
+)
 def test_wrong_answers_are_refused_in_one_line(check, wrong):
     with pytest.raises(ExerciseNotRight) as e:
         check(wrong)

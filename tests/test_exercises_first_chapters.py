@@ -1,5 +1,6 @@
 """Chapters 00-03's exercise checks: the worked answers pass, wrong answers fail with one line saying what is
 off, and a prediction is measured and judged against the measurement."""
+
 import math
 
 import pytest
@@ -103,9 +104,15 @@ def test_ch02_checks(capsys):
 
 def test_ch02_less_context_costs_bits(course_model, capsys):
     model, tok = course_model
-    batch = torch.tensor([tok.encode("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
-                                     "\n\nclass Stack:\n    def push(self, x):\n        self.items.append(x)\n",
-                                     bos=True)[:33]])  # (1, 33): one window of 32 predictions
+    batch = torch.tensor(
+        [
+            tok.encode(
+                "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
+                "\n\nclass Stack:\n    def push(self, x):\n        self.items.append(x)\n",
+                bos=True,
+            )[:33]
+        ]
+    )  # (1, 33): one window of 32 predictions
     full = ch02.bits_per_byte_with_context(model, tok, batch, 32)
     one = ch02.bits_per_byte_with_context(model, tok, batch, 1)
     assert one > full  # less context, more bits

@@ -1,4 +1,5 @@
 """GGUF export: every tensor read back from the file, the RoPE row permutation, the vocabulary, bad input."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -30,8 +31,8 @@ def test_permutation_turns_rotate_half_into_adjacent_pairs(shipped):
     for pos in (0, 1, 77, cfg.max_seq_len - 1):
         c, s = cos[pos].double(), sin[pos].double()
         ours_q, ours_k = apply_rope(q, c, s), apply_rope(k, c, s)  # (H, D)
-        theirs_q = rotate_adjacent_pairs(q.reshape(-1)[perm].view(H, D), c[:D // 2], s[:D // 2])
-        theirs_k = rotate_adjacent_pairs(k.reshape(-1)[perm].view(H, D), c[:D // 2], s[:D // 2])
+        theirs_q = rotate_adjacent_pairs(q.reshape(-1)[perm].view(H, D), c[: D // 2], s[: D // 2])
+        theirs_k = rotate_adjacent_pairs(k.reshape(-1)[perm].view(H, D), c[: D // 2], s[: D // 2])
         # llama.cpp's rotation of the permuted vector is the permuted rotation of ours ...
         assert torch.allclose(theirs_q.reshape(-1), ours_q.reshape(-1)[perm], atol=1e-12, rtol=0)
         # ... so every attention score q.k is the same
@@ -46,11 +47,17 @@ def expected_tensors(model) -> dict[str, np.ndarray]:
     for i, layer in enumerate(model.layers):
         wq, wk, wv = layer.attn.wqkv.weight.split([q_dim, kv_dim, kv_dim])
         gate, up = layer.mlp.w_gate_up.weight.split(cfg.d_ff)
-        out |= {f"blk.{i}.attn_norm.weight": layer.attn_norm.weight, f"blk.{i}.attn_q.weight": wq,
-                f"blk.{i}.attn_k.weight": wk, f"blk.{i}.attn_v.weight": wv,
-                f"blk.{i}.attn_output.weight": layer.attn.wo.weight, f"blk.{i}.ffn_norm.weight": layer.mlp_norm.weight,
-                f"blk.{i}.ffn_gate.weight": gate, f"blk.{i}.ffn_up.weight": up,
-                f"blk.{i}.ffn_down.weight": layer.mlp.w_down.weight}
+        out |= {
+            f"blk.{i}.attn_norm.weight": layer.attn_norm.weight,
+            f"blk.{i}.attn_q.weight": wq,
+            f"blk.{i}.attn_k.weight": wk,
+            f"blk.{i}.attn_v.weight": wv,
+            f"blk.{i}.attn_output.weight": layer.attn.wo.weight,
+            f"blk.{i}.ffn_norm.weight": layer.mlp_norm.weight,
+            f"blk.{i}.ffn_gate.weight": gate,
+            f"blk.{i}.ffn_up.weight": up,
+            f"blk.{i}.ffn_down.weight": layer.mlp.w_down.weight,
+        }
     return {k: v.detach().float().numpy() for k, v in out.items()}
 
 
@@ -74,11 +81,25 @@ def test_file_reads_back_every_tensor_exactly(shipped, tmp_path, file_type):
     reader = gguf.GGUFReader(str(path))
     field = lambda key: reader.fields[key].contents()  # noqa: E731
     assert field("general.architecture") == "llama"
-    assert (field("llama.block_count"), field("llama.embedding_length"), field("llama.feed_forward_length"),
-            field("llama.attention.head_count"), field("llama.attention.head_count_kv"),
-            field("llama.rope.dimension_count"), field("llama.context_length"), field("llama.vocab_size")) == \
-           (cfg.n_layers, cfg.d_model, cfg.d_ff, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.max_seq_len,
-            cfg.vocab_size)
+    assert (
+        field("llama.block_count"),
+        field("llama.embedding_length"),
+        field("llama.feed_forward_length"),
+        field("llama.attention.head_count"),
+        field("llama.attention.head_count_kv"),
+        field("llama.rope.dimension_count"),
+        field("llama.context_length"),
+        field("llama.vocab_size"),
+    ) == (
+        cfg.n_layers,
+        cfg.d_model,
+        cfg.d_ff,
+        cfg.n_heads,
+        cfg.n_kv_heads,
+        cfg.head_dim,
+        cfg.max_seq_len,
+        cfg.vocab_size,
+    )
     assert field("llama.rope.freq_base") == cfg.rope_theta
     assert abs(field("llama.attention.layer_norm_rms_epsilon") - cfg.norm_eps) < 1e-12
     assert (field("tokenizer.ggml.bos_token_id"), field("tokenizer.ggml.eos_token_id")) == (tok.bos_id, tok.eos_id)

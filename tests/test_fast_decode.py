@@ -1,4 +1,5 @@
 """The static-shape decode path and the compiled FastGenerator against the plain eager loop."""
+
 from __future__ import annotations
 
 import copy
@@ -29,8 +30,9 @@ def test_static_path_matches_dynamic_path(model):
     with torch.no_grad():
         full = model(idx)  # (1, 40, V)
         prefill(model, idx[:, :8], cache)
-        steps = [model(idx[:, t:t + 1], cache=cache, input_pos=torch.tensor([t]), check=False)[:, -1]
-                 for t in range(8, 40)]
+        steps = [
+            model(idx[:, t : t + 1], cache=cache, input_pos=torch.tensor([t]), check=False)[:, -1] for t in range(8, 40)
+        ]
         # several tokens at once through the static path too (speculative verification shape)
         multi = model(idx[:, 20:24], cache=cache, input_pos=torch.arange(20, 24), check=False)
     assert torch.allclose(torch.stack(steps, 1), full[:, 8:], atol=1e-5, rtol=0)
@@ -59,10 +61,10 @@ def test_fast_generator_runs_generates_loop_with_its_processors_and_stops(model)
     fast = FastGenerator(model, compile=False)
     out = fast.generate(prompt, 40, logits_processors=[ban])
     assert torch.equal(out, generate(model, prompt, 40, logits_processors=[ban]))
-    assert banned not in out[0, len(prompt):].tolist()
+    assert banned not in out[0, len(prompt) :].tolist()
     assert fast.cache.length == len(prompt) + 40 - 1  # every token but the last was fed back
     ref = generate(model, prompt, 40)
-    stop_at = ref[0, len(prompt) + 5:len(prompt) + 7].tolist()
+    stop_at = ref[0, len(prompt) + 5 : len(prompt) + 7].tolist()
     for kwargs in ({"stop_criteria": [lambda ids: len(ids) == 9]}, {"stop_sequences": [stop_at]}):
         assert torch.equal(fast.generate(prompt, 40, **kwargs), generate(model, prompt, 40, **kwargs)), kwargs
     with pytest.raises(ValueError, match="logits_processors"):
@@ -76,8 +78,10 @@ def test_compiled_fast_generator_equals_generate(model):
     assert fast.compiled and seconds > 0
     prompt = [5, 6, 7]
     assert torch.equal(fast.generate(prompt, 120), generate(model, prompt, 120))
-    assert torch.equal(fast.generate(prompt, 30, eos_id=int(generate(model, prompt, 30)[0, 10])),
-                       generate(model, prompt, 30, eos_id=int(generate(model, prompt, 30)[0, 10])))
+    assert torch.equal(
+        fast.generate(prompt, 30, eos_id=int(generate(model, prompt, 30)[0, 10])),
+        generate(model, prompt, 30, eos_id=int(generate(model, prompt, 30)[0, 10])),
+    )
 
 
 def test_compile_failure_falls_back_to_eager(model, compile_fails):
@@ -136,7 +140,7 @@ def test_compile_source_and_public_step(model):
     for t in range(8, 12):
         pos = torch.tensor([t])
         for gen in (again, eager, fresh):  # warming up inside step() must not disturb the prefilled cache
-            assert torch.allclose(gen.step(idx[:, t:t + 1], pos)[0], full[t], atol=1e-5, rtol=0)
+            assert torch.allclose(gen.step(idx[:, t : t + 1], pos)[0], full[t], atol=1e-5, rtol=0)
     assert not eager.compiled and fresh.compiled
 
 
@@ -250,9 +254,14 @@ def test_inductor_cache_is_kept_per_instruction_set(capability):
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"} | {"ATEN_CPU_CAPABILITY": capability}
-    out = subprocess.run([sys.executable, "-c", "from helpers.fast_decode import inductor_cache_dir as d; print(d())"],
-                         env=env, capture_output=True, text=True, check=True,
-                         cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-c", "from helpers.fast_decode import inductor_cache_dir as d; print(d())"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+    )
     folder = out.stdout.strip()
     assert os.path.basename(folder) == capability
     assert os.path.dirname(folder) == str(INDUCTOR_CACHE)
@@ -353,8 +362,15 @@ def test_frozen_step_from_the_cache_reads_its_own_weights(tmp_path):
     env = os.environ | {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "PYTHONPATH": root}
     results = []
     for seed in (1, 2):
-        out = subprocess.run([sys.executable, "-c", _FROZEN_FROM_CACHE, str(seed)], env=env, cwd=root,
-                             capture_output=True, text=True, check=True, timeout=600)
+        out = subprocess.run(
+            [sys.executable, "-c", _FROZEN_FROM_CACHE, str(seed)],
+            env=env,
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=600,
+        )
         compiled, *source, gap = out.stdout.split()
         results.append((compiled, " ".join(source), float(gap)))
     assert [r[1] for r in results] == ["compiled cold", "compiled from the on-disk cache"]
@@ -379,13 +395,15 @@ def test_importing_sets_nothing_building_a_generator_does():
     import subprocess
     import sys
 
-    code = ("import os, sys\n"
-            "import helpers.fast_decode, helpers.speculative, helpers.bench\n"
-            "print(os.environ.get('TORCHINDUCTOR_CACHE_DIR'), 'torch._dynamo' in sys.modules)\n"
-            "from helpers.model import ModelConfig, Transformer\n"
-            "fast = helpers.fast_decode.FastGenerator(Transformer(ModelConfig.from_preset('tiny')), compile=False)\n"
-            "import torch._dynamo\n"
-            "print(os.environ.get('TORCHINDUCTOR_CACHE_DIR'), torch._dynamo.config.recompile_limit >= 64)\n")
+    code = (
+        "import os, sys\n"
+        "import helpers.fast_decode, helpers.speculative, helpers.bench\n"
+        "print(os.environ.get('TORCHINDUCTOR_CACHE_DIR'), 'torch._dynamo' in sys.modules)\n"
+        "from helpers.model import ModelConfig, Transformer\n"
+        "fast = helpers.fast_decode.FastGenerator(Transformer(ModelConfig.from_preset('tiny')), compile=False)\n"
+        "import torch._dynamo\n"
+        "print(os.environ.get('TORCHINDUCTOR_CACHE_DIR'), torch._dynamo.config.recompile_limit >= 64)\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, cwd=REPO)
     before, after = out.stdout.split("\n")[:2]

@@ -4,6 +4,7 @@ scripts/run_notebooks.py writes outputs and figures in one run, and helpers.cour
 displays the PNG file it wrote, so a notebook and figures/ can only disagree when one of them was
 regenerated without the other. Figures made outside the notebooks (the bench's, the browser test's
 screenshot) are left out."""
+
 from __future__ import annotations
 
 import base64
@@ -27,8 +28,12 @@ def sha256(data: bytes) -> str:
 
 def stored_pngs(nb_path: Path) -> set[str]:
     cells = json.loads(nb_path.read_text())["cells"]
-    return {sha256(base64.b64decode("".join(out["data"]["image/png"])))
-            for cell in cells for out in cell.get("outputs", []) if "image/png" in out.get("data", {})}
+    return {
+        sha256(base64.b64decode("".join(out["data"]["image/png"])))
+        for cell in cells
+        for out in cell.get("outputs", [])
+        if "image/png" in out.get("data", {})
+    }
 
 
 def saved_names(nb_path: Path) -> list[str]:
@@ -45,7 +50,8 @@ def test_each_saved_figure_is_the_stored_image(nb_path):
         assert figure.exists(), f"{nb_path.name} saves {name}.png, which is not in figures/"
         assert sha256(figure.read_bytes()) in stored, (
             f"figures/{name}.png is not the image stored in {nb_path.name}: "
-            "regenerate both with scripts/run_notebooks.py")
+            "regenerate both with scripts/run_notebooks.py"
+        )
 
 
 def test_every_figure_comes_from_a_notebook():

@@ -1,5 +1,6 @@
 """helpers.measure.flops against the real thing: counted parameters, torch's FlopCounterMode, the tensors
 autograd saves, the allocated KV cache. All counts are integers and must agree exactly."""
+
 from __future__ import annotations
 
 import pytest
@@ -65,7 +66,8 @@ def test_forward_flops_match_flop_counter_prefill_and_decode():
         assert counted_flops(lambda: model(x)) == forward_flops(TINY, T, batch_size=2, count_masked=True)
         cache = KVCache.for_model(model, 2, 64)
         assert counted_flops(lambda: model(x, cache=cache, last_only=True)) == forward_flops(
-            TINY, T, batch_size=2, count_masked=True, all_logits=False)
+            TINY, T, batch_size=2, count_masked=True, all_logits=False
+        )
         token = torch.zeros(2, 1, dtype=torch.long)
         # a single query sees every cached key: no masked pairs, both conventions agree
         assert counted_flops(lambda: model(token, cache=cache)) == forward_flops(TINY, 1, n_past=T, batch_size=2)
@@ -198,16 +200,19 @@ def test_decode_intensity_is_about_two_flops_per_weight_byte():
     assert arithmetic_intensity(LLAMA, 2048) > 500 * arithmetic_intensity(LLAMA, 1, 2047)
 
 
-@pytest.mark.parametrize("call, name", [
-    (lambda: forward_flops(TINY, 0), "n_tokens"),
-    (lambda: attention_flops(TINY, 3, n_past=-1), "n_past"),
-    (lambda: forward_flops(TINY, 3, batch_size=0), "batch_size"),
-    (lambda: activation_bytes(TINY, 1, 0), "seq_len"),
-    (lambda: activation_bytes(TINY, 1, 8, bytes_per_element=3), "bytes_per_element"),
-    (lambda: training_memory_bytes(TINY, 0, 8), "batch_size"),
-    (lambda: weight_bytes(TINY, 0), "bits_per_weight"),
-    (lambda: inference_memory_bytes(TINY, 0), "seq_len"),
-])
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda: forward_flops(TINY, 0), "n_tokens"),
+        (lambda: attention_flops(TINY, 3, n_past=-1), "n_past"),
+        (lambda: forward_flops(TINY, 3, batch_size=0), "batch_size"),
+        (lambda: activation_bytes(TINY, 1, 0), "seq_len"),
+        (lambda: activation_bytes(TINY, 1, 8, bytes_per_element=3), "bytes_per_element"),
+        (lambda: training_memory_bytes(TINY, 0, 8), "batch_size"),
+        (lambda: weight_bytes(TINY, 0), "bits_per_weight"),
+        (lambda: inference_memory_bytes(TINY, 0), "seq_len"),
+    ],
+)
 def test_bad_arguments_raise_value_errors_naming_the_parameter(call, name):
     with pytest.raises(ValueError, match=name):
         call()

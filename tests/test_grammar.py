@@ -1,6 +1,7 @@
 """helpers.regex_automaton and helpers.grammar: the automaton against Python's `re`, the token masks
 against a brute-force walk and against xgrammar (the same regular expression compiled for the same
 vocabulary), constrained outputs that always parse, and clear errors for grammars that cannot work."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,23 @@ from helpers.grammar import GrammarProcessor, TokenGrammar, json_object_pattern,
 from helpers.regex_automaton import compile_regex
 from helpers.sampling import SamplingConfig
 
-PATTERNS = [r"ab|b{4}", r"[a-c]+x?", r"(0|[1-9][0-9]*)(\.[0-9]+)?", r'"[ !#-\[\]-~]*"', r"a{2,4}", r"(?:ab)*c",
-            r"\d+\s\w", r"[^a]b", r"x.y", r"[a\-z]", r"[\d.]+", r"a|", r"(a|b)*abb", r"é+", r"\{\}"]
+PATTERNS = [
+    r"ab|b{4}",
+    r"[a-c]+x?",
+    r"(0|[1-9][0-9]*)(\.[0-9]+)?",
+    r'"[ !#-\[\]-~]*"',
+    r"a{2,4}",
+    r"(?:ab)*c",
+    r"\d+\s\w",
+    r"[^a]b",
+    r"x.y",
+    r"[a\-z]",
+    r"[\d.]+",
+    r"a|",
+    r"(a|b)*abb",
+    r"é+",
+    r"\{\}",
+]
 ALPHABET = 'abcxyz0129. "\\-{}\n'
 CITY = json_object_pattern({"city": "string", "population": "integer", "capital": "boolean"})
 
@@ -65,13 +81,18 @@ def xgrammar_mask(matcher, bitmask, vocab_size):
     return torch.from_numpy(bits.astype(bool).reshape(-1)[:vocab_size])
 
 
-@pytest.mark.parametrize("pattern", [CITY, r"-?(0|[1-9][0-9]*)(\.[0-9]+)?", r"(true|false|null)",
-                                     r"\[([0-9]{1,3}(, [0-9]{1,3}){0,4})?\]"])
+@pytest.mark.parametrize(
+    "pattern", [CITY, r"-?(0|[1-9][0-9]*)(\.[0-9]+)?", r"(true|false|null)", r"\[([0-9]{1,3}(, [0-9]{1,3}){0,4})?\]"]
+)
 def test_masks_equal_xgrammar_along_random_walks(tok, pattern):
     xgr = pytest.importorskip("xgrammar")
     vocab = token_bytes(tok)
-    info = xgr.TokenizerInfo([b if b is not None else b"" for b in vocab], xgr.VocabType.RAW,
-                             vocab_size=tok.vocab_size, stop_token_ids=[tok.eos_id])
+    info = xgr.TokenizerInfo(
+        [b if b is not None else b"" for b in vocab],
+        xgr.VocabType.RAW,
+        vocab_size=tok.vocab_size,
+        stop_token_ids=[tok.eos_id],
+    )
     compiled = xgr.GrammarCompiler(info).compile_grammar(xgr.Grammar.from_regex(pattern))
     ours = TokenGrammar(compile_regex(pattern), vocab, tok.eos_id)
     rng = random.Random(0)
@@ -98,9 +119,15 @@ def test_every_constrained_sample_parses(shipped):
     prompt = tok.encode("answer = ", bos=True)
     n = 48
     proc = GrammarProcessor(grammar, len(prompt), max_new_tokens=n)
-    out = generate(target, torch.tensor([prompt] * 32), n, sampling=SamplingConfig(temperature=1.5),
-                   generator=torch.Generator().manual_seed(0), logits_processors=[proc])
-    texts = [tok.decode(row[len(prompt):]) for row in out]
+    out = generate(
+        target,
+        torch.tensor([prompt] * 32),
+        n,
+        sampling=SamplingConfig(temperature=1.5),
+        generator=torch.Generator().manual_seed(0),
+        logits_processors=[proc],
+    )
+    texts = [tok.decode(row[len(prompt) :]) for row in out]
     for text in texts:
         value = json.loads(text)
         assert list(value) == ["city", "population", "capital"] and isinstance(value["capital"], bool)
@@ -125,11 +152,24 @@ def test_budget_forces_completion():
         assert grammar.dfa.matches(text), (budget, text)
 
 
-@pytest.mark.parametrize("pattern, message", [
-    ("(ab", "missing '\\)'"), ("ab)", "unbalanced"), ("*a", "nothing to repeat"), ("a{3,1}", "max < min"),
-    ("[abc", "missing '\\]'"), (r"a\1", "backreferences"), ("^a", "anchors"), (r"[^\x00-\x7f]", "matches no string"),
-    ("a{1000}", "above 256"), ("a*?", "lazy"), ("a{", "repeat count"), ("(?=a)", "lookaround"), (3, "must be a str"),
-])
+@pytest.mark.parametrize(
+    "pattern, message",
+    [
+        ("(ab", "missing '\\)'"),
+        ("ab)", "unbalanced"),
+        ("*a", "nothing to repeat"),
+        ("a{3,1}", "max < min"),
+        ("[abc", "missing '\\]'"),
+        (r"a\1", "backreferences"),
+        ("^a", "anchors"),
+        (r"[^\x00-\x7f]", "matches no string"),
+        ("a{1000}", "above 256"),
+        ("a*?", "lazy"),
+        ("a{", "repeat count"),
+        ("(?=a)", "lookaround"),
+        (3, "must be a str"),
+    ],
+)
 def test_bad_grammar_says_why(pattern, message):
     with pytest.raises(ValueError, match=message):
         compile_regex(pattern)

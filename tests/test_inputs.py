@@ -1,4 +1,5 @@
 """Bad input gives a ValueError that names the parameter and the allowed range, never a deep torch error."""
+
 from __future__ import annotations
 
 import copy
@@ -67,24 +68,30 @@ def test_zero_new_tokens_returns_the_prompt(model):
     assert generate(model, [1, 2, 3], 0).tolist() == [[1, 2, 3]]
 
 
-@pytest.mark.parametrize("idx, msg", [
-    (torch.ones(1, 4), "integer token ids"),
-    (torch.ones(2, 3, 4, dtype=torch.long), r"shape \(B, T\)"),
-    (torch.tensor([[1, 2, 256]]), r"token ids must be in \[0, 255\]"),
-    (torch.tensor([[-1, 2]]), r"token ids must be in \[0, 255\]"),
-    ([[1, 2]], "torch.Tensor"),
-])
+@pytest.mark.parametrize(
+    "idx, msg",
+    [
+        (torch.ones(1, 4), "integer token ids"),
+        (torch.ones(2, 3, 4, dtype=torch.long), r"shape \(B, T\)"),
+        (torch.tensor([[1, 2, 256]]), r"token ids must be in \[0, 255\]"),
+        (torch.tensor([[-1, 2]]), r"token ids must be in \[0, 255\]"),
+        ([[1, 2]], "torch.Tensor"),
+    ],
+)
 def test_forward_rejects_bad_idx(model, idx, msg):
     with pytest.raises(ValueError, match=msg):
         model(idx)
 
 
-@pytest.mark.parametrize("prompt, msg", [
-    ([1.5, 2], "list of int token ids"),
-    (["a"], "list of int token ids"),
-    ("hello", "list of token ids or a tensor"),
-    ([1, 999], r"token ids must be in \[0, 255\]"),
-])
+@pytest.mark.parametrize(
+    "prompt, msg",
+    [
+        ([1.5, 2], "list of int token ids"),
+        (["a"], "list of int token ids"),
+        ("hello", "list of token ids or a tensor"),
+        ([1, 999], r"token ids must be in \[0, 255\]"),
+    ],
+)
 def test_generate_rejects_bad_prompt(model, prompt, msg):
     with pytest.raises(ValueError, match=msg):
         generate(model, prompt, 3)
@@ -102,11 +109,19 @@ def test_cache_misuse(model):
         KVCache.for_model(model, max_seq_len=500)
 
 
-@pytest.mark.parametrize("kwargs, name", [
-    (dict(temperature=-0.5), "temperature"), (dict(temperature=float("nan")), "temperature"),
-    (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(top_k=-1), "top_k"), (dict(top_k=2.0), "top_k"),
-    (dict(min_p=-0.1), "min_p"), (dict(repetition_penalty=0), "repetition_penalty"),
-])
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(temperature=-0.5), "temperature"),
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(top_k=-1), "top_k"),
+        (dict(top_k=2.0), "top_k"),
+        (dict(min_p=-0.1), "min_p"),
+        (dict(repetition_penalty=0), "repetition_penalty"),
+    ],
+)
 def test_bad_sampling_settings(kwargs, name):
     with pytest.raises(ValueError, match=name):
         SamplingConfig(**kwargs)
@@ -116,11 +131,11 @@ def test_stop_conditions(model):
     greedy = generate(model, [1, 2, 3], 40)[0, 3:].tolist()
     eos = greedy[5]
     out = generate(model, [1, 2, 3], 40, eos_id=eos)[0, 3:].tolist()
-    assert out == greedy[:greedy.index(eos) + 1]  # stops at the first end-of-text, which is kept
+    assert out == greedy[: greedy.index(eos) + 1]  # stops at the first end-of-text, which is kept
     stop = greedy[10:12]
     out = generate(model, [1, 2, 3], 40, stop_sequences=[stop])[0, 3:].tolist()
-    first = next(i for i in range(len(greedy) - 1) if greedy[i:i + 2] == stop)
-    assert out == greedy[:first + 2]
+    first = next(i for i in range(len(greedy) - 1) if greedy[i : i + 2] == stop)
+    assert out == greedy[: first + 2]
     assert generate_without_cache(model, [1, 2, 3], 40, stop_sequences=[stop])[0, 3:].tolist() == out
 
 
@@ -133,17 +148,25 @@ def test_bad_config():
 
 # --- the sampler: logits that have no distribution, and huge ones that do ----------------------------------
 
-SAMPLERS = [SamplingConfig(temperature=0), SamplingConfig(temperature=0, repetition_penalty=1.3),
-            SamplingConfig(temperature=0.8), SamplingConfig(temperature=0.7, top_k=3, top_p=0.9, min_p=0.05)]
+SAMPLERS = [
+    SamplingConfig(temperature=0),
+    SamplingConfig(temperature=0, repetition_penalty=1.3),
+    SamplingConfig(temperature=0.8),
+    SamplingConfig(temperature=0.7, top_k=3, top_p=0.9, min_p=0.05),
+]
 SAMPLER_IDS = ["greedy", "greedy-penalty", "t0.8", "t0.7-filters"]
 
 
 @pytest.mark.parametrize("cfg", SAMPLERS, ids=SAMPLER_IDS)
-@pytest.mark.parametrize("bad, msg", [
-    (torch.tensor([[0.5, 1.0, 2.0], [NEG_INF, NEG_INF, NEG_INF]]), "logits have a row where every entry is -inf"),
-    (torch.tensor([[0.5, float("nan"), 2.0]]), "logits contain NaN"),
-    (torch.tensor([[0.5, float("inf"), 2.0]]), r"logits contain \+inf"),
-], ids=["all-neg-inf-row", "nan", "pos-inf"])
+@pytest.mark.parametrize(
+    "bad, msg",
+    [
+        (torch.tensor([[0.5, 1.0, 2.0], [NEG_INF, NEG_INF, NEG_INF]]), "logits have a row where every entry is -inf"),
+        (torch.tensor([[0.5, float("nan"), 2.0]]), "logits contain NaN"),
+        (torch.tensor([[0.5, float("inf"), 2.0]]), r"logits contain \+inf"),
+    ],
+    ids=["all-neg-inf-row", "nan", "pos-inf"],
+)
 def test_sampler_rejects_logits_without_a_distribution(cfg, bad, msg):
     previous = torch.zeros(bad.shape[0], 1, dtype=torch.long)
     with pytest.raises(ValueError, match=msg):
@@ -162,9 +185,16 @@ def test_masked_tokens_are_fine(cfg):
     assert tokens[0] in (1, 3) and tokens[1] == 0
 
 
-@pytest.mark.parametrize("cfg", [SamplingConfig(temperature=1e-4), SamplingConfig(temperature=1.0),
-                                 SamplingConfig(temperature=1e-4, top_k=2, top_p=0.9, min_p=0.1),
-                                 SamplingConfig(temperature=0)], ids=["t1e-4", "t1", "t1e-4-filters", "greedy"])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        SamplingConfig(temperature=1e-4),
+        SamplingConfig(temperature=1.0),
+        SamplingConfig(temperature=1e-4, top_k=2, top_p=0.9, min_p=0.1),
+        SamplingConfig(temperature=0),
+    ],
+    ids=["t1e-4", "t1", "t1e-4-filters", "greedy"],
+)
 def test_huge_finite_logits_give_a_valid_distribution(cfg):
     """3e38 / 1e-4 overflows float32: the row maximum is subtracted before the temperature divides."""
     logits = torch.tensor([[-3e38, 3e38, 0.0, 1.5e38], [3e38, -3e38, 1.0, 3e38 * 0.999]])
@@ -196,8 +226,12 @@ def test_speculative_checks_the_drafts_logits_too(model, temperature):
 
 # --- a KV cache built for another model ----------------------------------------------------------------
 
-@pytest.mark.parametrize("other_cfg", [replace(CFG, n_layers=1), replace(CFG, n_kv_heads=1), replace(CFG, d_ff=64)],
-                         ids=["fewer-layers", "fewer-kv-heads", "same-layout-other-config"])
+
+@pytest.mark.parametrize(
+    "other_cfg",
+    [replace(CFG, n_layers=1), replace(CFG, n_kv_heads=1), replace(CFG, d_ff=64)],
+    ids=["fewer-layers", "fewer-kv-heads", "same-layout-other-config"],
+)
 def test_cache_built_for_another_model_is_refused(model, other_cfg):
     cache = KVCache.for_model(random_model(other_cfg), max_seq_len=16)
     ids = torch.tensor([[1, 2, 3]])
@@ -230,6 +264,7 @@ def test_cache_dtype_and_capacity_are_checked(model):
 
 # --- stop sequences, token ids for decode, generators --------------------------------------------------
 
+
 @pytest.mark.parametrize("stops", [["\n"], "\n\n", [b"x"], [1, 2]], ids=["list-of-str", "str", "bytes", "flat-ids"])
 @pytest.mark.parametrize("entry", ["generate", "generate_without_cache", "FastGenerator"])
 def test_stop_sequences_must_be_token_ids(model, entry, stops):
@@ -237,10 +272,11 @@ def test_stop_sequences_must_be_token_ids(model, entry, stops):
         ENTRY_POINTS[entry](model, [1, 2, 3], 5, stop_sequences=stops)
 
 
-@pytest.mark.parametrize("ids", [[1.5, 2.0], [104.0], "104", b"hi", torch.tensor([104.0, 105.0]),
-                                 np.array([1.5]), [[104, 105]], 104, [True]],
-                         ids=["floats", "float", "str", "bytes", "float-tensor", "float-array", "nested", "int",
-                              "bool"])
+@pytest.mark.parametrize(
+    "ids",
+    [[1.5, 2.0], [104.0], "104", b"hi", torch.tensor([104.0, 105.0]), np.array([1.5]), [[104, 105]], 104, [True]],
+    ids=["floats", "float", "str", "bytes", "float-tensor", "float-array", "nested", "int", "bool"],
+)
 def test_decode_needs_integer_ids(ids):
     tok = Tokenizer([])
     with pytest.raises(ValueError, match="ids must be integer token ids"):
@@ -263,8 +299,9 @@ def test_generator_must_be_a_torch_generator(model, entry, temperature, generato
         ENTRY_POINTS[entry](model, [1, 2, 3], 5, temperature=temperature, generator=generator)
 
 
-@pytest.mark.parametrize("cfg", [SamplingConfig(temperature=0), SamplingConfig(temperature=0.8)],
-                         ids=["greedy", "t0.8"])
+@pytest.mark.parametrize(
+    "cfg", [SamplingConfig(temperature=0), SamplingConfig(temperature=0.8)], ids=["greedy", "t0.8"]
+)
 def test_next_token_checks_the_generator_even_when_greedy(cfg):
     with pytest.raises(ValueError, match="generator must be a torch.Generator"):
         next_token(torch.zeros(1, 5), cfg, generator=42)
@@ -272,11 +309,15 @@ def test_next_token_checks_the_generator_even_when_greedy(cfg):
 
 # --- errors name the parameter the caller passed -----------------------------------------------------
 
-@pytest.mark.parametrize("prompt, msg", [
-    (torch.ones(1, 4), "^prompt must hold integer token ids"),
-    (torch.ones(2, 3, 4, dtype=torch.long), r"^prompt must have shape \(B, T\)"),
-    (torch.tensor([[1, 2, 256]]), r"^prompt: token ids must be in \[0, 255\]"),
-])
+
+@pytest.mark.parametrize(
+    "prompt, msg",
+    [
+        (torch.ones(1, 4), "^prompt must hold integer token ids"),
+        (torch.ones(2, 3, 4, dtype=torch.long), r"^prompt must have shape \(B, T\)"),
+        (torch.tensor([[1, 2, 256]]), r"^prompt: token ids must be in \[0, 255\]"),
+    ],
+)
 @pytest.mark.parametrize("entry", ENTRY_POINTS)
 def test_errors_name_the_prompt(model, entry, prompt, msg):
     with pytest.raises(ValueError, match=msg):
@@ -299,10 +340,14 @@ def test_prefill_and_decode_one_token_name_their_parameters(model):
 
 # --- speculative decoding: the draft's context window ------------------------------------------------
 
+
 def test_draft_context_window_is_checked_before_speculation(model):
     draft = random_model(replace(CFG, n_layers=1, max_seq_len=16))
-    with pytest.raises(ValueError, match=r"max_new_tokens \(20\) exceeds the draft model's context window "
-                                         r"max_seq_len=16: allowed max_new_tokens is 0\.\.13"):
+    with pytest.raises(
+        ValueError,
+        match=r"max_new_tokens \(20\) exceeds the draft model's context window "
+        r"max_seq_len=16: allowed max_new_tokens is 0\.\.13",
+    ):
         speculative_generate(model, draft, [1, 2, 3], 20, gamma=4)
     with pytest.raises(ValueError, match=r"prompt has 20 tokens but the draft model's context window"):
         speculative_generate(model, draft, [1] * 20, 5)

@@ -1,5 +1,6 @@
 """Chapter 01's helpers: the layer map's shapes follow the config, and the exercise checks accept the right
 answers and refuse wrong ones."""
+
 import math
 
 import pytest
@@ -42,6 +43,7 @@ def _encode_with_merges(tok):
                 ids = merge_pair(ids, pair, new_id)
             out.extend(ids)
         return out
+
     return encode
 
 

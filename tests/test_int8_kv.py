@@ -1,4 +1,5 @@
 """The int8 KV cache against the float cache: codes within half a step, logits close, bytes as counted."""
+
 from __future__ import annotations
 
 import pytest
@@ -29,8 +30,9 @@ def test_int8_cache_logits_are_close_to_the_float_cache():
     with torch.no_grad():
         ref = model(seq, cache=KVCache.for_model(model, 2))
         cache = Int8KVCache.for_model(model, 2)
-        got = torch.cat([model(seq[:, :30], cache=cache)] + [model(seq[:, t:t + 1], cache=cache)
-                                                             for t in range(30, 40)], dim=1)
+        got = torch.cat(
+            [model(seq[:, :30], cache=cache)] + [model(seq[:, t : t + 1], cache=cache) for t in range(30, 40)], dim=1
+        )
     diff = (got - ref).abs().max().item()
     assert 0 < diff < 0.05 * ref.abs().max().item()  # not exact (it is quantized), but close
     assert cache.length == 40
@@ -72,4 +74,5 @@ def test_truncate_and_bad_arguments():
         Int8KVCache.for_model(model, batch_size=0)
     with pytest.raises(ValueError, match="cache was built for another model"):
         random_model(ModelConfig.from_preset("tiny", max_seq_len=128, n_kv_heads=1))(
-            torch.zeros(1, 2, dtype=torch.long), cache=cache)
+            torch.zeros(1, 2, dtype=torch.long), cache=cache
+        )

@@ -1,6 +1,7 @@
 """llama.cpp on the course model's GGUF export: its float32 logits and greedy tokens against ours.
 
 Needs llama-cpp-python (requirements-ci.txt: it builds llama.cpp from source); skipped without it."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -12,8 +13,11 @@ from helpers.data import validation_documents
 from helpers.export_gguf import quantize_gguf, write_gguf
 from helpers.generate import generate
 
-llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: pip install -r "
-                                "requirements-ci.txt (it compiles llama.cpp, several minutes)")
+llama_cpp = pytest.importorskip(
+    "llama_cpp",
+    reason="llama-cpp-python is not installed: pip install -r "
+    "requirements-ci.txt (it compiles llama.cpp, several minutes)",
+)
 
 
 # top-1 agreement with our fp32 logits over the test's 200 positions, measured on an AVX-512 machine: q8_0 99.5%,
@@ -27,9 +31,17 @@ def exported(shipped, tmp_path_factory):
     target, _, tok = shipped
     path = write_gguf(target, tok, tmp_path_factory.mktemp("gguf") / "target-f32.gguf", "f32", name="target")
     # llama.cpp keeps its KV cache in float16 unless told otherwise; ours is float32
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=512, n_batch=512, n_threads=1, n_threads_batch=1,
-                          logits_all=True, type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32,
-                          verbose=False)
+    llm = llama_cpp.Llama(
+        model_path=str(path),
+        n_ctx=512,
+        n_batch=512,
+        n_threads=1,
+        n_threads_batch=1,
+        logits_all=True,
+        type_k=llama_cpp.GGML_TYPE_F32,
+        type_v=llama_cpp.GGML_TYPE_F32,
+        verbose=False,
+    )
     return target, tok, llm
 
 
@@ -38,7 +50,7 @@ def test_f32_logits_match_ours(exported):
     ids = tok.encode(validation_documents()[3][:1500], bos=True)[:200]
     llm.reset()
     llm.eval(ids)
-    theirs = np.asarray(llm.scores[:len(ids)], dtype=np.float32)  # (T, V)
+    theirs = np.asarray(llm.scores[: len(ids)], dtype=np.float32)  # (T, V)
     with torch.no_grad():
         ours = target(torch.tensor([ids]))[0].numpy()  # (T, V)
     # both are float32 end to end; the kernels sum in different orders, so agreement is to rounding
@@ -56,7 +68,7 @@ def test_greedy_tokens_match_ours(exported):
         theirs.append(int(t))
         if len(theirs) == 200:
             break
-    assert theirs == generate(target, prompt, 200)[0, len(prompt):].tolist()
+    assert theirs == generate(target, prompt, 200)[0, len(prompt) :].tolist()
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +101,7 @@ def test_quantized_files_agree_with_our_fp32(quantized, file_type, agreement):
     llm = open_llama(paths[file_type], 256, logits_all=True)
     llm.reset()
     llm.eval(ids)
-    theirs = np.asarray(llm.scores[:len(ids)], dtype=np.float32).argmax(-1)  # (T,)
+    theirs = np.asarray(llm.scores[: len(ids)], dtype=np.float32).argmax(-1)  # (T,)
     with torch.no_grad():
         ours = target(torch.tensor([ids]))[0].argmax(-1).numpy()  # (T,)
     measured = float((theirs == ours).mean())
@@ -97,4 +109,4 @@ def test_quantized_files_agree_with_our_fp32(quantized, file_type, agreement):
     assert measured >= agreement
     if file_type == "q8_0":
         prompt = tok.encode("def main():\n", bos=True)
-        assert llama_greedy(llm, prompt, Q8_GREEDY) == generate(target, prompt, Q8_GREEDY)[0, len(prompt):].tolist()
+        assert llama_greedy(llm, prompt, Q8_GREEDY) == generate(target, prompt, Q8_GREEDY)[0, len(prompt) :].tolist()

@@ -1,4 +1,5 @@
 """The model against HuggingFace's LlamaForCausalLM, and against itself (cached vs uncached)."""
+
 from __future__ import annotations
 
 import pytest
@@ -42,8 +43,8 @@ def test_cached_step_by_step_logits_match_transformers(model):
         out = hf(idx[:, :8], cache=hf_cache, use_cache=True)
         theirs = [out.logits[:, -1]]
         for t in range(8, 64):
-            ours.append(model(idx[:, t:t + 1], cache=cache)[:, -1])
-            theirs.append(hf(idx[:, t:t + 1], cache=hf_cache, use_cache=True).logits[:, -1])
+            ours.append(model(idx[:, t : t + 1], cache=cache)[:, -1])
+            theirs.append(hf(idx[:, t : t + 1], cache=hf_cache, use_cache=True).logits[:, -1])
     diff = (torch.stack(ours) - torch.stack(theirs)).abs().max().item()
     assert diff <= TOL, diff
 
@@ -72,7 +73,7 @@ def test_cached_equals_uncached_over_256_steps(name):
         full = model(with_cache)  # (1, 276, V): every position in one uncached pass
         stepwise = [prefill(model, with_cache[:, :16], cache)]
         for t in range(16, 275):
-            stepwise.append(model(with_cache[:, t:t + 1], cache=cache)[:, -1])
+            stepwise.append(model(with_cache[:, t : t + 1], cache=cache)[:, -1])
     assert torch.allclose(torch.stack(stepwise, 1), full[:, 15:275], atol=TOL, rtol=0)
 
 
@@ -90,7 +91,7 @@ def test_batched_generation_equals_one_row_at_a_time():
     prompts = torch.randint(0, GQA.vocab_size, (3, 10), generator=torch.Generator().manual_seed(5))
     batched = generate(model, prompts, max_new_tokens=30)
     for i in range(3):
-        assert torch.equal(batched[i:i + 1], generate(model, prompts[i:i + 1], max_new_tokens=30))
+        assert torch.equal(batched[i : i + 1], generate(model, prompts[i : i + 1], max_new_tokens=30))
 
 
 def test_causality_changing_token_t_never_changes_earlier_logits():
@@ -125,9 +126,13 @@ def test_sliding_window_attention_matches_truncated_context():
     from helpers.model import causal_mask
 
     m = causal_mask(5, 5, window=2)
-    assert m.tolist() == [[True, False, False, False, False], [True, True, False, False, False],
-                          [False, True, True, False, False], [False, False, True, True, False],
-                          [False, False, False, True, True]]
+    assert m.tolist() == [
+        [True, False, False, False, False],
+        [True, True, False, False, False],
+        [False, True, True, False, False],
+        [False, False, True, True, False],
+        [False, False, False, True, True],
+    ]
     model = random_model(GQA, seed=8)
     idx = torch.randint(0, GQA.vocab_size, (1, 30), generator=torch.Generator().manual_seed(8))
     with torch.no_grad():

@@ -1,4 +1,5 @@
 """helpers/nf4.py: the NormalFloat codebook against QLoRA's published values, and the round trip's bounds."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,10 +9,24 @@ from helpers.nf4 import dequantize_nf4, nearest_level, normal_float_codebook, qu
 from helpers.quantize import dequantize_groupwise, quantize_groupwise
 
 # NF4 as listed in the QLoRA paper's appendix (Dettmers et al. 2023) and shipped by bitsandbytes
-PUBLISHED_NF4 = [-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
-                 -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
-                 0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
-                 0.7229568362236023, 1.0]
+PUBLISHED_NF4 = [
+    -1.0,
+    -0.6961928009986877,
+    -0.5250730514526367,
+    -0.39491748809814453,
+    -0.28444138169288635,
+    -0.18477343022823334,
+    -0.09105003625154495,
+    0.0,
+    0.07958029955625534,
+    0.16093020141124725,
+    0.24611230194568634,
+    0.33791524171829224,
+    0.44070982933044434,
+    0.5626170039176941,
+    0.7229568362236023,
+    1.0,
+]
 
 
 def test_codebook_matches_the_published_nf4():

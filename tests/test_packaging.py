@@ -1,5 +1,6 @@
 """pyproject.toml and requirements.txt name the same versions, so `pip install .` and the learner's
 `pip install -r requirements.txt` give the package the same libraries."""
+
 from __future__ import annotations
 
 import re
@@ -22,5 +23,6 @@ def test_package_dependencies_are_pinned_as_in_requirements():
     declared = pins(project["dependencies"])
     required = pins((REPO / "requirements.txt").read_text().splitlines())
     assert len(declared) == len(project["dependencies"]), "every dependency is pinned with =="
-    assert declared and all(required.get(name) == version for name, version in declared.items()), (
-        {n: (v, required.get(n)) for n, v in declared.items() if required.get(n) != v})
+    assert declared and all(required.get(name) == version for name, version in declared.items()), {
+        n: (v, required.get(n)) for n, v in declared.items() if required.get(n) != v
+    }

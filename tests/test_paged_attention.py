@@ -7,6 +7,7 @@ They sum in different orders (block by block with an online softmax against SDPA
 agree to float32 rounding of sums of a few hundred terms: measured here below 2e-6 on outputs of size ~1;
 the tolerance is 5e-5.
 """
+
 from __future__ import annotations
 
 import random
@@ -34,7 +35,7 @@ def random_pool(H, Hkv, D, bs, lengths, seed=0):
     random.Random(seed).shuffle(blocks)  # scattered, out of order: the point of a block table
     tables, i = [], 0
     for n in need:
-        tables.append(blocks[i:i + n])
+        tables.append(blocks[i : i + n])
         i += n
     q = torch.randn(len(lengths), H, D, generator=g)
     return q, k, v, tables
@@ -56,8 +57,9 @@ def test_kernel_and_block_loop_equal_the_gather_path(H, Hkv, D, bs):
     lengths = [1, bs, bs + 1, 3 * bs - 1, 137]  # one key, a full block, one past it, a part-full last block
     q, k, v, tables = random_pool(H, Hkv, D, bs, lengths)
     refs = torch.stack([reference(q[i], k, v, t, n, bs) for i, (t, n) in enumerate(zip(tables, lengths))])
-    by_blocks = torch.stack([attention_by_blocks(q[i], k, v, t, n, bs)
-                             for i, (t, n) in enumerate(zip(tables, lengths))])
+    by_blocks = torch.stack(
+        [attention_by_blocks(q[i], k, v, t, n, bs) for i, (t, n) in enumerate(zip(tables, lengths))]
+    )
     assert (by_blocks - refs).abs().max() < TOL
     assert kernel_available(D, Hkv, H // Hkv, bs), "no C compiler: CI has one"
     width = max(len(t) for t in tables)
@@ -71,13 +73,15 @@ def test_kernel_reads_nothing_past_a_length():
     H, Hkv, D, bs = 8, 2, 32, 16
     lengths = [5, 20, 33]
     q, k, v, tables = random_pool(H, Hkv, D, bs, lengths, seed=1)
-    clean = paged_decode_attention(q, k, v, torch.tensor([t + [0] * (3 - len(t)) for t in tables]),
-                                   torch.tensor(lengths), bs)
+    clean = paged_decode_attention(
+        q, k, v, torch.tensor([t + [0] * (3 - len(t)) for t in tables]), torch.tensor(lengths), bs
+    )
     used = {t[p // bs] * bs + p % bs for t, n in zip(tables, lengths) for p in range(n)}
     unused = torch.tensor([s for s in range(k.shape[0]) if s not in used])
     k[unused], v[unused] = float("nan"), float("nan")  # every slot nobody attends to, padding block included
-    dirty = paged_decode_attention(q, k, v, torch.tensor([t + [0] * (3 - len(t)) for t in tables]),
-                                   torch.tensor(lengths), bs)
+    dirty = paged_decode_attention(
+        q, k, v, torch.tensor([t + [0] * (3 - len(t)) for t in tables]), torch.tensor(lengths), bs
+    )
     assert torch.equal(clean, dirty)
 
 
@@ -114,10 +118,10 @@ def test_in_place_step_equals_gather_step(model):
     chunks, i = [], 0
     for j, n in enumerate([1, 15, 16, 17, 40, 64, 100, 130, 3, 250, 77, 31]):
         need = -(-(n + 1) // bs)
-        chunks.append(SequenceChunk([j + 7], n, blocks[i:i + need], True))
+        chunks.append(SequenceChunk([j + 7], n, blocks[i : i + need], True))
         i += need
-    chunks.insert(3, SequenceChunk(list(range(9, 29)), 0, blocks[i:i + 2], True))  # a whole 20-token prompt
-    chunks.append(SequenceChunk(list(range(40, 50)), 30, blocks[i + 2:i + 5], True))  # a later chunk
+    chunks.insert(3, SequenceChunk(list(range(9, 29)), 0, blocks[i : i + 2], True))  # a whole 20-token prompt
+    chunks.append(SequenceChunk(list(range(40, 50)), 30, blocks[i + 2 : i + 5], True))  # a later chunk
     gather = forward_step(model, cache, chunks, "gather")
     in_place = forward_step(model, cache, chunks, "in_place")
     assert gather.shape == in_place.shape == (len(chunks), model.cfg.vocab_size)
@@ -127,12 +131,13 @@ def test_in_place_step_equals_gather_step(model):
 
 def test_engine_paths_give_the_same_tokens(model_and_tok):
     from helpers.data import validation_text
+
     model, tok = model_and_tok
     ids = tok.encode(validation_text()[:20_000])
     outs = {}
     for path in ("gather", "in_place"):
         e = Engine(model, num_blocks=128, block_size=16, max_num_seqs=6, decode_attention=path)
-        rids = [e.submit(ids[300 * i:300 * i + 20 + 13 * i], max_tokens=24) for i in range(8)]
+        rids = [e.submit(ids[300 * i : 300 * i + 20 + 13 * i], max_tokens=24) for i in range(8)]
         e.run()
         outs[path] = [e.get(r).output for r in rids]
     assert outs["gather"] == outs["in_place"]
@@ -149,6 +154,7 @@ def test_default_path_and_bad_names(model):
 def test_step_profile_counts_no_gather_and_sums_its_parts(model_and_tok):
     from helpers.data import validation_text
     from helpers.serving.step_profile import paged_step_seconds, step_breakdown
+
     model, tok = model_and_tok
     t = paged_step_seconds(model, batch=4, context=40, repeats=1)
     assert t["gather_calls"] == 0 and min(t["in_place"], t["gather"], t["dense"]) > 0
@@ -161,11 +167,12 @@ def test_the_paged_cache_owns_each_sequences_length(model_and_tok):
     """After every step the cache's length of each running request is what the scheduler counts as
     computed; preempted and finished requests are forgotten (a tight pool forces preemptions)."""
     from helpers.data import validation_text
+
     model, tok = model_and_tok
     ids = tok.encode(validation_text()[:20_000])
     e = Engine(model, num_blocks=24, block_size=4, max_num_seqs=8)
     for i in range(8):
-        e.submit(ids[200 * i:200 * i + 9 + 3 * i], max_tokens=16)
+        e.submit(ids[200 * i : 200 * i + 9 + 3 * i], max_tokens=16)
     while e.has_unfinished():
         e.step()
         for r in e.scheduler.running:

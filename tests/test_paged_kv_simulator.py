@@ -1,5 +1,6 @@
 """The KV-allocation simulator (course/paged_kv_simulator.py): invariants, hand-computed cases, the step cost,
 and bad input."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -88,17 +89,20 @@ def test_step_cost_prices_bytes_and_flops():
     req = SimulatedRequest(prompt_len=10, output_len=3, max_new_tokens=3)
     res = simulate([req], capacity_tokens=100, policy="contiguous")
     assert res.prefilled.tolist() == [10, 0, 0] and res.stored.tolist() == [11, 12, 13]
-    memory_bound = StepCost(weight_bytes=100.0, kv_bytes_per_token=10.0, flops_per_token=1.0, bandwidth=10.0,
-                            peak_flops=1e9)
+    memory_bound = StepCost(
+        weight_bytes=100.0, kv_bytes_per_token=10.0, flops_per_token=1.0, bandwidth=10.0, peak_flops=1e9
+    )
     assert res.seconds(memory_bound).tolist() == pytest.approx([21.0, 22.0, 23.0])  # (100 + 10 x stored) / 10
-    compute_bound = StepCost(weight_bytes=1.0, kv_bytes_per_token=1.0, flops_per_token=100.0, bandwidth=1e9,
-                             peak_flops=100.0)
+    compute_bound = StepCost(
+        weight_bytes=1.0, kv_bytes_per_token=1.0, flops_per_token=100.0, bandwidth=1e9, peak_flops=100.0
+    )
     assert res.seconds(compute_bound).tolist() == pytest.approx([11.0, 1.0, 1.0])  # (1 decoded + 10 prefilled)
 
 
 def test_paged_costs_more_per_step_but_less_in_total(requests):
-    cost = StepCost(weight_bytes=16e9, kv_bytes_per_token=131_072, flops_per_token=15e9, bandwidth=3.35e12,
-                    peak_flops=989.4e12)
+    cost = StepCost(
+        weight_bytes=16e9, kv_bytes_per_token=131_072, flops_per_token=15e9, bandwidth=3.35e12, peak_flops=989.4e12
+    )
     contiguous = simulate(requests, capacity_tokens=20_000, policy="contiguous").seconds(cost)
     paged = simulate(requests, capacity_tokens=20_000, policy="paged", block_size=16).seconds(cost)
     assert paged.mean() > contiguous.mean()  # more requests per step: more keys and values to read
@@ -116,12 +120,15 @@ def test_utilisation_depends_on_the_workload():
     assert all(r.max_new_tokens == r.output_len for r in tight)
 
 
-@pytest.mark.parametrize("kwargs, msg", [
-    (dict(policy="buddy"), "policy must be"),
-    (dict(block_size=0), "block_size must be an int >= 1"),
-    (dict(capacity_tokens=0), "capacity_tokens must be an int >= 1"),
-    (dict(capacity_tokens=1000), "needs 2048 token slots but capacity_tokens is 1000"),
-])
+@pytest.mark.parametrize(
+    "kwargs, msg",
+    [
+        (dict(policy="buddy"), "policy must be"),
+        (dict(block_size=0), "block_size must be an int >= 1"),
+        (dict(capacity_tokens=0), "capacity_tokens must be an int >= 1"),
+        (dict(capacity_tokens=1000), "needs 2048 token slots but capacity_tokens is 1000"),
+    ],
+)
 def test_bad_input(kwargs, msg):
     args = dict(requests=[SimulatedRequest(48, 10, 2000)], capacity_tokens=10_000, policy="contiguous")
     args.update(kwargs)

@@ -1,4 +1,5 @@
 """helpers.measure.profiling: torch calls counted from Python, and the profiler's operator counts and times."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """helpers.progress in a notebook: the stored text is the finished bar, and a closed bar leaves plain text (no
 widget, which a saved notebook reopened with a fresh kernel could not display)."""
+
 import pytest
 
 pytest.importorskip("ipywidgets")

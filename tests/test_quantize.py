@@ -14,6 +14,7 @@ Tolerances, and why:
 - CUDA (run only where a GPU is present): tinygemm dequantizes to bf16 and accumulates bf16 tiles, so
   relative error in norm <= 2e-2.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -53,7 +54,7 @@ def one_thread():
     torch.set_num_threads(previous)
 
 
-BF16_REL = 2.0 ** -8  # relative rounding error of a bf16-stored number
+BF16_REL = 2.0**-8  # relative rounding error of a bf16-stored number
 TINY = ModelConfig.from_preset("tiny")  # d_model 64, d_ff 128: every in_features is a multiple of 32
 
 
@@ -67,6 +68,7 @@ def weights(N=96, K=256, seed=0, spread=True):
 
 
 # --- by hand ---------------------------------------------------------------------------------
+
 
 def test_lecture_notes_absmax_example():
     w = torch.tensor([[0.234, -0.891, 1.234, -0.567]])
@@ -106,7 +108,7 @@ def test_groupwise_round_trip_within_half_a_step(bits, symmetric, group_size):
     if symmetric:
         assert zeros is None and q.dtype == torch.int8 and q.abs().max() <= 2 ** (bits - 1) - 1
     else:
-        assert zeros.shape == scales.shape and q.dtype == torch.uint8 and q.max() <= 2 ** bits - 1
+        assert zeros.shape == scales.shape and q.dtype == torch.uint8 and q.max() <= 2**bits - 1
     w_hat = dequantize_groupwise(q, scales, zeros, group_size, bits=bits)
     step = scales.repeat_interleave(group_size, dim=1)  # (N, K): each weight's own step
     assert ((w_hat - w).abs() <= step / 2 * (1 + 1e-4) + 1e-9).all()
@@ -195,7 +197,7 @@ def test_cpu_kernels_match_reference(N, K, method, group_size):
         x2 = x.reshape(-1, K)
         if kernel in ("int8pack", "int4pack"):
             expected = bf16_reference(x2, w_ref)
-            bound = 2.0 ** -7 * expected.abs() + 1e-4 * expected.abs().max()
+            bound = 2.0**-7 * expected.abs() + 1e-4 * expected.abs().max()
         elif kernel == "dynamic":  # the ideal of its formats: 8-bit activations, the layer's own weight codes
             assert layer.weight_bits == dynamic_weight_bits()
             expected = emulate_dynamic_activation_quant(x2) @ layer.dequantized_weight().T
@@ -207,9 +209,17 @@ def test_cpu_kernels_match_reference(N, K, method, group_size):
         assert (err <= bound).all(), f"{kernel}: max error {err.max().item():.3g}"
 
 
-@pytest.mark.parametrize("method,N,K,group_size", [("int8", 37, 100, None), ("int8", 1, 7, None),
-                                                   ("int8", 44, 100, None), ("int4", 37, 96, 32),
-                                                   ("int4", 5, 256, 128), ("int4", 12, 96, 32)])
+@pytest.mark.parametrize(
+    "method,N,K,group_size",
+    [
+        ("int8", 37, 100, None),
+        ("int8", 1, 7, None),
+        ("int8", 44, 100, None),
+        ("int4", 37, 96, 32),
+        ("int4", 5, 256, 128),
+        ("int4", 12, 96, 32),
+    ],
+)
 def test_fused_dequant_single_row_matches_reference(method, N, K, group_size):
     """The batch-1 path (the one a compiled step fuses) on odd shapes, eager: every leading shape of one row.
     N = 44 and 12 are cut into ROW_SPLIT blocks of rows; 37, 1 and 5 are not (not divisible)."""
@@ -290,8 +300,7 @@ def test_dynamic_int8_is_exact_on_a_saturating_kernel():
 
     env = {**os.environ, "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), str(REPO), env.get("PYTHONPATH", "")])
-    run = subprocess.run([sys.executable, "-c", SATURATING_CHECK], env=env, capture_output=True, text=True,
-                         timeout=120)
+    run = subprocess.run([sys.executable, "-c", SATURATING_CHECK], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
 
 
@@ -312,8 +321,10 @@ print(layer.weight_bits, float((layer(x) - ref).abs().max() / ref.abs().max()))
 """
 
 
-@pytest.mark.skipif(not DYNAMIC or "qnnpack" not in torch.backends.quantized.supported_engines,
-                    reason="needs fbgemm's dynamic int8 kernel and qnnpack (x86 CPUs)")
+@pytest.mark.skipif(
+    not DYNAMIC or "qnnpack" not in torch.backends.quantized.supported_engines,
+    reason="needs fbgemm's dynamic int8 kernel and qnnpack (x86 CPUs)",
+)
 def test_the_saturation_guard_is_decided_per_quantized_engine():
     """On the AVX2 kernel, a first question asked under qnnpack must not give x86 layers 8-bit codes (their
     error was 0.155 of the output's range, against 0.018 with the 7-bit guard)."""
@@ -324,8 +335,9 @@ def test_the_saturation_guard_is_decided_per_quantized_engine():
 
     env = {**os.environ, "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
-    run = subprocess.run([sys.executable, "-c", ENGINE_ORDER_CHECK], env=env, capture_output=True, text=True,
-                         timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-c", ENGINE_ORDER_CHECK], env=env, capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     bits, err = run.stdout.split()
     assert bits == "7" and float(err) < 0.05, run.stdout
@@ -340,7 +352,6 @@ def test_reference_layer_is_dequantize_then_matmul():
         assert torch.allclose(layer(x), x @ layer.dequantized_weight().T, atol=1e-6)
         err = (layer.dequantized_weight() - linear.weight).abs().max()
         assert 0 < err < (0.02 if method == "int8" else 0.1) * linear.weight.abs().max()
-
 
 
 @pytest.mark.parametrize("method", ["bf16", "fp16"])
@@ -361,11 +372,12 @@ def test_float_formats_store_the_rounded_weight(method):
         for rows in (x[:1], x):  # the single-row loop and the several-row path
             y = lay(rows)
             assert y.dtype == torch.float32
-            assert (y - expected[:len(rows)]).abs().max() <= 1e-5 * expected.abs().max()
-    assert 0 < (layer.dequantized_weight() - w).abs().max() <= 2.0 ** -8 * w.abs().max()  # bf16 or fp16 rounding
+            assert (y - expected[: len(rows)]).abs().max() <= 1e-5 * expected.abs().max()
+    assert 0 < (layer.dequantized_weight() - w).abs().max() <= 2.0**-8 * w.abs().max()  # bf16 or fp16 rounding
 
 
 # --- whole models ----------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def tiny_model():
@@ -400,8 +412,11 @@ def test_quantize_model_copies_and_replaces_the_right_layers(tiny_model):
     for name, v in tiny_model.state_dict().items():  # the original is untouched
         assert torch.equal(v, before[name])
     quantized = {n for n, m in q.named_modules() if isinstance(m, QuantizedLinear)}
-    expected = {f"layers.{i}.{name}" for i in range(TINY.n_layers)
-                for name in ("attn.wqkv", "attn.wo", "mlp.w_gate_up", "mlp.w_down")}
+    expected = {
+        f"layers.{i}.{name}"
+        for i in range(TINY.n_layers)
+        for name in ("attn.wqkv", "attn.wo", "mlp.w_gate_up", "mlp.w_down")
+    }
     assert quantized == expected
     assert isinstance(q.head, nn.Linear) and q.head.weight is q.embed.weight  # still tied, full precision
     assert q.quantization == {"method": "int4", "group_size": 32, "kernel": "int4pack", "quantize_head": False}
@@ -433,8 +448,13 @@ def test_bytes_accounting():
     shapes = [(C + 2 * cfg.n_kv_heads * cfg.head_dim, C), (C, C), (2 * F, C), (C, F)] * cfg.n_layers  # (N, K)
     full_precision = (V * C + (2 * cfg.n_layers + 1) * C) * 4  # tied embedding/head + norms, fp32
     fp32 = weight_bytes_breakdown(model)
-    assert fp32 == {"weights": 0, "scales": 0, "zeros": 0, "full_precision": model.num_parameters() * 4,
-                    "total": model.num_parameters() * 4}
+    assert fp32 == {
+        "weights": 0,
+        "scales": 0,
+        "zeros": 0,
+        "full_precision": model.num_parameters() * 4,
+        "total": model.num_parameters() * 4,
+    }
     int8 = weight_bytes_breakdown(quantize_model(model, "int8"))
     assert int8["weights"] == sum(N * K for N, K in shapes)
     assert int8["scales"] == sum(N * 2 for N, K in shapes) and int8["zeros"] == 0
@@ -446,6 +466,7 @@ def test_bytes_accounting():
 
 
 # --- bad input -------------------------------------------------------------------------------
+
 
 def test_bad_input_raises_value_error(tiny_model):
     w = torch.randn(16, 64)
@@ -490,6 +511,7 @@ def test_bad_input_raises_value_error(tiny_model):
 
 
 # --- CUDA (skipped without a GPU) ------------------------------------------------------------
+
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("N,K", [(768, 256), (256, 704), (4096, 4096)])

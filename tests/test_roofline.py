@@ -1,5 +1,6 @@
 """helpers.measure.roofline: the roofline arithmetic exactly, the measurements for sanity (positive, median,
 work counted by the stated convention), and bad arguments."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -47,15 +48,18 @@ def test_measurements_on_cuda():
     assert measure_copy_bandwidth(dev, n_bytes=2**28, repeats=3).per_second > 1e11
 
 
-@pytest.mark.parametrize("call, name", [
-    (lambda: ridge_point(0, 1), "peak_flops"),
-    (lambda: attainable_flops(1, 1, -1), "bandwidth"),
-    (lambda: measure_matmul_flops("cpu", n=0), "n"),
-    (lambda: measure_copy_bandwidth("cpu", n_bytes=2), "n_bytes"),
-    (lambda: measure_copy_bandwidth("cpu", n_bytes=64, repeats=0), "repeats"),
-    (lambda: bandwidth_bound_tokens_per_s(0, 1), "bytes_per_step"),
-    (lambda: bandwidth_bound_tokens_per_s(1, 1, batch_size=0), "batch_size"),
-])
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda: ridge_point(0, 1), "peak_flops"),
+        (lambda: attainable_flops(1, 1, -1), "bandwidth"),
+        (lambda: measure_matmul_flops("cpu", n=0), "n"),
+        (lambda: measure_copy_bandwidth("cpu", n_bytes=2), "n_bytes"),
+        (lambda: measure_copy_bandwidth("cpu", n_bytes=64, repeats=0), "repeats"),
+        (lambda: bandwidth_bound_tokens_per_s(0, 1), "bytes_per_step"),
+        (lambda: bandwidth_bound_tokens_per_s(1, 1, batch_size=0), "batch_size"),
+    ],
+)
 def test_bad_arguments_raise_value_errors(call, name):
     with pytest.raises(ValueError, match=name):
         call()

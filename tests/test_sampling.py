@@ -4,6 +4,7 @@ Random logits of three kinds: continuous (no ties), coarse (many exact ties) and
 (tokens an earlier filter already removed). Tolerances: the masks must match exactly; surviving
 logits are compared with torch.equal, since both sides do the same float32 operations.
 """
+
 from __future__ import annotations
 
 import math
@@ -226,25 +227,35 @@ def hf_model():
 
 
 @pytest.mark.parametrize("kind", ["continuous", "neg_inf"])
-@pytest.mark.parametrize("settings", [
-    dict(temperature=0.7, top_k=10, top_p=0.9, min_p=0.05, repetition_penalty=1.3),
-    dict(temperature=1.5, top_k=0, top_p=0.5, min_p=0.0, repetition_penalty=1.0),
-    dict(temperature=0.4, top_k=3, top_p=1.0, min_p=0.2, repetition_penalty=0.8),
-])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(temperature=0.7, top_k=10, top_p=0.9, min_p=0.05, repetition_penalty=1.3),
+        dict(temperature=1.5, top_k=0, top_p=0.5, min_p=0.0, repetition_penalty=1.0),
+        dict(temperature=0.4, top_k=3, top_p=1.0, min_p=0.2, repetition_penalty=0.8),
+    ],
+)
 def test_whole_pipeline_equals_hf_generate_order(hf_model, kind, settings):
     """probabilities() applies the same steps in the same order as HF's generate builds them."""
     V_hf = hf_model.config.vocab_size
     logits = random_logits(kind, 5, rows=4, vocab=V_hf)
     previous = torch.randint(0, V_hf, (4, 12), generator=torch.Generator().manual_seed(5))
     gen_cfg = GenerationConfig(do_sample=True, **settings)
-    processors = hf_model._get_logits_processor(generation_config=gen_cfg, input_ids_seq_length=12,
-                                                logits_processor=LogitsProcessorList())
+    processors = hf_model._get_logits_processor(
+        generation_config=gen_cfg, input_ids_seq_length=12, logits_processor=LogitsProcessorList()
+    )
     names = [type(p).__name__ for p in processors]
-    assert names == [n for n, on in [("RepetitionPenaltyLogitsProcessor", settings["repetition_penalty"] != 1),
-                                     ("TemperatureLogitsWarper", settings["temperature"] != 1),
-                                     ("TopKLogitsWarper", settings["top_k"] > 0),
-                                     ("TopPLogitsWarper", settings["top_p"] < 1),
-                                     ("MinPLogitsWarper", True)] if on]
+    assert names == [
+        n
+        for n, on in [
+            ("RepetitionPenaltyLogitsProcessor", settings["repetition_penalty"] != 1),
+            ("TemperatureLogitsWarper", settings["temperature"] != 1),
+            ("TopKLogitsWarper", settings["top_k"] > 0),
+            ("TopPLogitsWarper", settings["top_p"] < 1),
+            ("MinPLogitsWarper", True),
+        ]
+        if on
+    ]
     hf_probs = processors(previous, logits.clone()).softmax(-1)
     ours = probabilities(logits, SamplingConfig(**settings), previous)
     torch.testing.assert_close(ours, hf_probs, rtol=0, atol=0)
@@ -306,14 +317,24 @@ def test_sample_from_uniform_is_the_inverse_cdf():
     assert torch.equal(got, (batch.cumsum(-1) <= 0.5 * batch.sum(-1, keepdim=True)).sum(-1))
 
 
-@pytest.mark.parametrize("kwargs, name", [
-    (dict(temperature=-0.1), "temperature"), (dict(temperature=float("inf")), "temperature"),
-    (dict(temperature=True), "temperature"), (dict(top_p=0.0), "top_p"), (dict(top_p=1.01), "top_p"),
-    (dict(top_p=float("nan")), "top_p"), (dict(top_k=-1), "top_k"), (dict(top_k=2.5), "top_k"),
-    (dict(min_p=1.5), "min_p"), (dict(repetition_penalty=-1.0), "repetition_penalty"),
-    (dict(repetition_penalty=float("nan")), "repetition_penalty"), (dict(presence_penalty=3.0), "presence_penalty"),
-    (dict(frequency_penalty=-2.5), "frequency_penalty"),
-])
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(temperature=-0.1), "temperature"),
+        (dict(temperature=float("inf")), "temperature"),
+        (dict(temperature=True), "temperature"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.01), "top_p"),
+        (dict(top_p=float("nan")), "top_p"),
+        (dict(top_k=-1), "top_k"),
+        (dict(top_k=2.5), "top_k"),
+        (dict(min_p=1.5), "min_p"),
+        (dict(repetition_penalty=-1.0), "repetition_penalty"),
+        (dict(repetition_penalty=float("nan")), "repetition_penalty"),
+        (dict(presence_penalty=3.0), "presence_penalty"),
+        (dict(frequency_penalty=-2.5), "frequency_penalty"),
+    ],
+)
 def test_bad_settings_name_the_parameter(kwargs, name):
     with pytest.raises(ValueError, match=name):
         SamplingConfig(**kwargs)

@@ -1,5 +1,6 @@
 """The OpenAI-compatible server: driven over HTTP by the official client, in a subprocess on a free loopback
 port that every test session tears down (and, for the backpressure test, in-process)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -35,8 +36,13 @@ def engine_alone(prompt: str, max_tokens: int, temperature: float, seed: int | N
 
     model, tok = load_model("target", device="cpu", dtype=torch.float32)
     engine = Engine(model, num_blocks=1024, block_size=16, max_num_seqs=16, enable_prefix_caching=True)
-    rid = engine.submit(tok.encode(prompt, bos=True), max_tokens, sampling=SamplingConfig(temperature=temperature),
-                        seed=seed, eos_id=tok.eos_id)
+    rid = engine.submit(
+        tok.encode(prompt, bos=True),
+        max_tokens,
+        sampling=SamplingConfig(temperature=temperature),
+        seed=seed,
+        eos_id=tok.eos_id,
+    )
     engine.run()
     return tok.decode(engine.get(rid).output)
 
@@ -61,8 +67,11 @@ def test_models_health_and_metrics(server, client):
 def test_streamed_and_plain_results_equal_the_engine(client, temperature, seed):
     prompt = "import os\nimport sys\n\ndef main(argv):"
     plain = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=temperature, seed=seed)
-    chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=temperature,
-                                            seed=seed, stream=True))
+    chunks = list(
+        client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=24, temperature=temperature, seed=seed, stream=True
+        )
+    )
     streamed = "".join(c.choices[0].text for c in chunks if c.choices)
     assert plain.choices[0].text == streamed == engine_alone(prompt, 24, temperature, seed)
     assert plain.usage.completion_tokens == 24 and plain.choices[0].finish_reason == "length"
@@ -76,12 +85,20 @@ def test_stop_strings_are_cut_and_never_streamed(client):
     assert stop in full, full  # the test needs a continuation that contains the stop string
     for stream in (False, True):
         if stream:
-            text = "".join(c.choices[0].text for c in client.completions.create(
-                model=MODEL, prompt=prompt, max_tokens=40, temperature=0, stop=[stop], stream=True) if c.choices)
+            text = "".join(
+                c.choices[0].text
+                for c in client.completions.create(
+                    model=MODEL, prompt=prompt, max_tokens=40, temperature=0, stop=[stop], stream=True
+                )
+                if c.choices
+            )
         else:
-            text = client.completions.create(model=MODEL, prompt=prompt, max_tokens=40, temperature=0,
-                                             stop=[stop]).choices[0].text
-        assert text == full[:full.index(stop)]
+            text = (
+                client.completions.create(model=MODEL, prompt=prompt, max_tokens=40, temperature=0, stop=[stop])
+                .choices[0]
+                .text
+            )
+        assert text == full[: full.index(stop)]
 
 
 def test_logprobs_are_the_models_own(client):
@@ -99,15 +116,22 @@ def test_logprobs_are_the_models_own(client):
 
 
 def test_chat_endpoint_uses_the_template(client):
-    reply = client.chat.completions.create(model=MODEL, max_tokens=12, temperature=0,
-                                           messages=[{"role": "user", "content": "Write a hello world."}])
+    reply = client.chat.completions.create(
+        model=MODEL, max_tokens=12, temperature=0, messages=[{"role": "user", "content": "Write a hello world."}]
+    )
     assert reply.choices[0].message.role == "assistant"
     assert "\n### " not in reply.choices[0].message.content  # it stops before the next turn's header
 
 
 def test_disconnect_mid_stream_cancels_and_frees_blocks(server):
-    body = {"model": MODEL, "prompt": "def main():", "max_tokens": 900, "temperature": 0, "stream": True,
-            "extensions": {"ignore_eos": True}}
+    body = {
+        "model": MODEL,
+        "prompt": "def main():",
+        "max_tokens": 900,
+        "temperature": 0,
+        "stream": True,
+        "extensions": {"ignore_eos": True},
+    }
     with httpx.Client(timeout=30) as http:
         with http.stream("POST", server.base_url + "/completions", json=body) as r:
             lines = r.iter_lines()
@@ -125,9 +149,17 @@ def test_load_no_5xx_no_lost_or_duplicated_tokens(server):
     prompts = ["def f(x):", "import re\n", "class A:", "for i in range(10):", "try:\n    import json"]
 
     async def one(http, i):
-        body = {"model": MODEL, "prompt": prompts[i % len(prompts)], "max_tokens": 6 + i % 5,
-                "temperature": 0.7, "seed": i, "stream": True, "logprobs": 0,
-                "stream_options": {"include_usage": True}, "extensions": {"ignore_eos": True}}
+        body = {
+            "model": MODEL,
+            "prompt": prompts[i % len(prompts)],
+            "max_tokens": 6 + i % 5,
+            "temperature": 0.7,
+            "seed": i,
+            "stream": True,
+            "logprobs": 0,
+            "stream_options": {"include_usage": True},
+            "extensions": {"ignore_eos": True},
+        }
         texts, tokens, usage = [], [], None
         async with http.stream("POST", server.base_url + "/completions", json=body) as r:
             if r.status_code != 200:
@@ -147,9 +179,11 @@ def test_load_no_5xx_no_lost_or_duplicated_tokens(server):
     async def main():
         sem = asyncio.Semaphore(16)
         async with httpx.AsyncClient(timeout=60) as http:
+
             async def bounded(i):
                 async with sem:
                     return await one(http, i)
+
             return await asyncio.gather(*(bounded(i) for i in range(200)))
 
     results = asyncio.run(main())
@@ -187,18 +221,31 @@ def test_bad_requests_get_openai_errors(server, body, param):
 
 
 def test_the_extension_field_takes_non_openai_settings(client):
-    out = client.completions.create(model=MODEL, prompt="x = 1\n", max_tokens=4, temperature=0,
-                                    extra_body={"extensions": {"repetition_penalty": 1.3, "top_k": 5}})
+    out = client.completions.create(
+        model=MODEL,
+        prompt="x = 1\n",
+        max_tokens=4,
+        temperature=0,
+        extra_body={"extensions": {"repetition_penalty": 1.3, "top_k": 5}},
+    )
     assert out.usage.completion_tokens == 4
 
 
 def test_malformed_json_huge_bodies_and_huge_prompts_are_refused_quickly(server, client):
-    r = httpx.post(server.base_url + "/completions", content=b'{"model": "course-target", "prompt": ',
-                   headers={"content-type": "application/json"}, timeout=30)
+    r = httpx.post(
+        server.base_url + "/completions",
+        content=b'{"model": "course-target", "prompt": ',
+        headers={"content-type": "application/json"},
+        timeout=30,
+    )
     assert r.status_code == 400 and r.json()["error"]["message"].startswith("malformed JSON")
     t0 = time.perf_counter()
-    r = httpx.post(server.base_url + "/completions", content=b"x" * (10 << 20),
-                   headers={"content-type": "application/json"}, timeout=30)
+    r = httpx.post(
+        server.base_url + "/completions",
+        content=b"x" * (10 << 20),
+        headers={"content-type": "application/json"},
+        timeout=30,
+    )
     assert r.status_code == 413 and "error" in r.json()
     t1 = time.perf_counter()
     r = httpx.post(server.base_url + "/completions", json={"model": MODEL, "prompt": "a " * 100_000}, timeout=30)
@@ -209,8 +256,14 @@ def test_malformed_json_huge_bodies_and_huge_prompts_are_refused_quickly(server,
 
 
 def test_a_full_queue_answers_429_at_once():
-    body = {"model": MODEL, "prompt": "def main():", "max_tokens": 900, "temperature": 0, "stream": True,
-            "extensions": {"ignore_eos": True}}
+    body = {
+        "model": MODEL,
+        "prompt": "def main():",
+        "max_tokens": 900,
+        "temperature": 0,
+        "stream": True,
+        "extensions": {"ignore_eos": True},
+    }
     with ServerProcess(max_pending=1, num_blocks=128) as small, httpx.Client(timeout=30) as http:
         url = small.base_url + "/completions"
         with http.stream("POST", url, json=body) as r:
@@ -241,8 +294,8 @@ def assert_openai_error(r: httpx.Response, status: int, param=None) -> dict:
 RAW_BAD = [  # what the official client cannot send: raw bodies
     (b'{"model": "course-target", "prompt": ', 400, None, "malformed JSON"),
     (b'{"model": "course-target", "prompt": "caf\xe9"}', 400, None, "UTF-8"),
-    (b'[1, 2]', 400, None, "JSON object"),
-    (b'[' * 200_000 + b']' * 200_000, 400, None, "nested too deeply"),
+    (b"[1, 2]", 400, None, "JSON object"),
+    (b"[" * 200_000 + b"]" * 200_000, 400, None, "nested too deeply"),
     (b'{"model": "course-target", "prompt": "x", "stream": "true"}', 400, "stream", "stream"),
     (b'{"model": "course-target", "prompt": "x", "stream": 1}', 400, "stream", "stream"),
     (b'{"model": "course-target", "prompt": "x", "stream": null}', 400, "stream", "stream"),
@@ -251,8 +304,12 @@ RAW_BAD = [  # what the official client cannot send: raw bodies
     (b'{"model": "course-target", "prompt": "x", "stop": [1]}', 400, "stop[0]", "stop"),
     (b'{"model": "course-target", "prompt": "x", "extensions": {"top_k": -1}}', 400, "extensions.top_k", "top_k"),
     (b'{"model": "course-target", "prompt": "x", "extensions": {"nope": 1}}', 400, "extensions.nope", "nope"),
-    (b'{"model": "course-target", "prompt": "x", "stream_options": {"include_usage": "yes"}}', 400,
-     "stream_options.include_usage", "include_usage"),
+    (
+        b'{"model": "course-target", "prompt": "x", "stream_options": {"include_usage": "yes"}}',
+        400,
+        "stream_options.include_usage",
+        "include_usage",
+    ),
     (b'{"model": "course-target", "prompt": "x", "max_tokens": 1e400}', 400, "max_tokens", "max_tokens"),
     (b'{"model": "course-target", "prompt": "x", "logprobs": 99}', 400, "logprobs", "logprobs"),
 ]
@@ -260,8 +317,9 @@ RAW_BAD = [  # what the official client cannot send: raw bodies
 
 @pytest.mark.parametrize("raw,status,param,says", RAW_BAD, ids=[s for *_, s in RAW_BAD])
 def test_raw_bodies_get_openai_errors_naming_the_field(server, raw, status, param, says):
-    r = httpx.post(server.base_url + "/completions", content=raw, headers={"content-type": "application/json"},
-                   timeout=30)
+    r = httpx.post(
+        server.base_url + "/completions", content=raw, headers={"content-type": "application/json"}, timeout=30
+    )
     assert says in assert_openai_error(r, status, param)["message"]
 
 
@@ -270,14 +328,17 @@ def test_chat_fields_are_named_as_sent(server):
     r = httpx.post(url, json={"model": MODEL, "messages": [{"role": "bot", "content": "x"}]}, timeout=30)
     assert_openai_error(r, 400, "messages[0].role")
     long = {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "x = 1\n" * 400}]}
-    assert assert_openai_error(httpx.post(url, json=long, timeout=30), 400, "messages")["code"] == \
-        "context_length_exceeded"
+    assert (
+        assert_openai_error(httpx.post(url, json=long, timeout=30), 400, "messages")["code"]
+        == "context_length_exceeded"
+    )
 
 
 def test_wrong_paths_and_methods_are_404_and_405(server, client):
     for method, path in [("POST", "/v1/nope"), ("POST", "/v1/embeddings"), ("GET", "/nope")]:
-        assert assert_openai_error(httpx.request(method, server.root_url + path, timeout=30), 404)["code"] == \
-            "not_found"
+        assert (
+            assert_openai_error(httpx.request(method, server.root_url + path, timeout=30), 404)["code"] == "not_found"
+        )
     err = assert_openai_error(httpx.get(server.base_url + "/completions", timeout=30), 405)
     assert "GET" in err["message"]
     with pytest.raises(openai.NotFoundError) as info:  # the official client sees the same body
@@ -288,10 +349,12 @@ def test_wrong_paths_and_methods_are_404_and_405(server, client):
 def test_the_client_gets_the_field_it_sent(client):
     """With the official client: a seed past what torch holds names seed, a prompt longer than the window
     names prompt (not max_tokens), a prompt that fits with too many tokens names max_tokens."""
-    cases = [(dict(prompt="x", seed=2 ** 64), "seed", "invalid_value"),
-             (dict(prompt="x = 1\n" * 400, max_tokens=1), "prompt", "context_length_exceeded"),
-             (dict(prompt="x", max_tokens=1024), "max_tokens", "context_length_exceeded"),
-             (dict(prompt="x", n=9), "n", "invalid_value")]
+    cases = [
+        (dict(prompt="x", seed=2**64), "seed", "invalid_value"),
+        (dict(prompt="x = 1\n" * 400, max_tokens=1), "prompt", "context_length_exceeded"),
+        (dict(prompt="x", max_tokens=1024), "max_tokens", "context_length_exceeded"),
+        (dict(prompt="x", n=9), "n", "invalid_value"),
+    ]
     for kw, param, code in cases:
         with pytest.raises(openai.BadRequestError) as info:
             client.completions.create(model=MODEL, **kw)
@@ -304,14 +367,17 @@ def test_a_chunked_body_over_the_limit_is_refused_without_reading_it_all(server)
     import threading
 
     sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Transfer-Encoding: chunked\r\n\r\n")
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n"
+    )
     reply, sent = [], [0]
 
     def read():  # the whole answer: headers, then Content-Length bytes of body
         data = b""
         while b"\r\n\r\n" not in data or len(data.partition(b"\r\n\r\n")[2]) < int(
-                data.lower().partition(b"content-length: ")[2].split(b"\r\n")[0] or 0):
+            data.lower().partition(b"content-length: ")[2].split(b"\r\n")[0] or 0
+        ):
             part = sock.recv(65536)
             if not part:
                 break
@@ -336,9 +402,24 @@ def test_a_chunked_body_over_the_limit_is_refused_without_reading_it_all(server)
     assert sent[0] < 2 << 20, f"{sent[0]:,} bytes sent before the answer"
 
 
-MALFORMED_VALUES = [None, True, -1, 0, 1e308, -1e308, 2 ** 70, "", "x" * 10, [], {}, [1, "a"], {"a": 1}]
-FIELDS = ["model", "prompt", "max_tokens", "temperature", "top_p", "n", "stream", "stop", "seed", "logprobs",
-          "presence_penalty", "frequency_penalty", "stream_options", "extensions", "user"]
+MALFORMED_VALUES = [None, True, -1, 0, 1e308, -1e308, 2**70, "", "x" * 10, [], {}, [1, "a"], {"a": 1}]
+FIELDS = [
+    "model",
+    "prompt",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "n",
+    "stream",
+    "stop",
+    "seed",
+    "logprobs",
+    "presence_penalty",
+    "frequency_penalty",
+    "stream_options",
+    "extensions",
+    "user",
+]
 
 
 def test_no_bad_input_gets_a_500(server):
@@ -358,8 +439,13 @@ def test_no_bad_input_gets_a_500(server):
 
 
 # --- hanging up, streamed or not: cancelled at once, blocks back in the pool -----------------------------
-LONG = {"model": MODEL, "prompt": "def main():", "max_tokens": 900, "temperature": 0,
-        "extensions": {"ignore_eos": True}}
+LONG = {
+    "model": MODEL,
+    "prompt": "def main():",
+    "max_tokens": 900,
+    "temperature": 0,
+    "extensions": {"ignore_eos": True},
+}
 
 
 def hang_up(server, http: httpx.Client, stream: bool) -> None:
@@ -388,8 +474,10 @@ def test_hanging_up_frees_the_blocks_within_100_ms(server, stream):
             freed_after.append(time.perf_counter() - t0)
             assert m["hangups"] == before + 1 and m["kv_blocks_used"] == 0 and m["running"] == 0, m
     cancel_ms = server.metrics()["cancel_ms"][-tries:]
-    print(f"\n{'streamed' if stream else 'plain'}: hang-up seen -> blocks freed, ms: {cancel_ms}; "
-          f"client close -> pool whole (polled), ms: {[round(t * 1e3) for t in freed_after]}")
+    print(
+        f"\n{'streamed' if stream else 'plain'}: hang-up seen -> blocks freed, ms: {cancel_ms}; "
+        f"client close -> pool whole (polled), ms: {[round(t * 1e3) for t in freed_after]}"
+    )
     assert max(cancel_ms) < 100
     assert max(freed_after) < 2.0
 
@@ -412,12 +500,28 @@ def test_a_degenerate_request_among_streams_changes_none_of_them(server):
 
     async def main(with_bad: bool):
         async with httpx.AsyncClient(timeout=60) as http:
-            good = [stream(http, {"model": MODEL, "prompt": p, "max_tokens": 40, "temperature": t, "seed": 5,
-                                  "extensions": {"ignore_eos": True}}) for p, t in zip(prompts, [0, 0.8] * 3)]
-            bad = [http.post(server.base_url + "/completions", json={"model": MODEL, "prompt": "def f(x):",
-                                                                     "max_tokens": 8, **kw})
-                   for kw in ({"temperature": 1e-300}, {"extensions": {"repetition_penalty": 1e-300}})
-                   if with_bad]
+            good = [
+                stream(
+                    http,
+                    {
+                        "model": MODEL,
+                        "prompt": p,
+                        "max_tokens": 40,
+                        "temperature": t,
+                        "seed": 5,
+                        "extensions": {"ignore_eos": True},
+                    },
+                )
+                for p, t in zip(prompts, [0, 0.8] * 3)
+            ]
+            bad = [
+                http.post(
+                    server.base_url + "/completions",
+                    json={"model": MODEL, "prompt": "def f(x):", "max_tokens": 8, **kw},
+                )
+                for kw in ({"temperature": 1e-300}, {"extensions": {"repetition_penalty": 1e-300}})
+                if with_bad
+            ]
             out = await asyncio.gather(*good, *bad)
             return out[:6], out[6:]
 

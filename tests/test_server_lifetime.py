@@ -5,6 +5,7 @@ open, ~384 MB resident). Here a parent process starts a server and is SIGKILLed,
 kernel starts one and is restarted, shut down and killed; each time the server's port must close and
 its process exit within 5 s of the parent's end.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,9 +19,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-START = ("from helpers.serving.launch import ServerProcess\n"
-         "server = ServerProcess(max_num_seqs=4, num_blocks=64).start()\n"
-         "print('SERVER', server.port, server.process.pid, flush=True)\n")
+START = (
+    "from helpers.serving.launch import ServerProcess\n"
+    "server = ServerProcess(max_num_seqs=4, num_blocks=64).start()\n"
+    "print('SERVER', server.port, server.process.pid, flush=True)\n"
+)
 
 
 def exited(pid: int) -> bool:
@@ -57,8 +60,9 @@ def env() -> dict:
 
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
 def test_a_killed_parent_takes_its_server_along():
-    parent = subprocess.Popen([sys.executable, "-c", START + "import time\ntime.sleep(600)\n"], env=env(),
-                              stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", START + "import time\ntime.sleep(600)\n"], env=env(), stdout=subprocess.PIPE, text=True
+    )
     try:
         line = parent.stdout.readline()
         _, port, pid = line.split()
@@ -79,8 +83,11 @@ def kernel_server(km):
     kc.start_channels()
     kc.wait_for_ready(timeout=60)
     out = []
-    kc.execute_interactive(START + "import os\nprint('KERNEL', os.getpid())", timeout=120,
-                           output_hook=lambda msg: out.append(msg["content"].get("text", "")))
+    kc.execute_interactive(
+        START + "import os\nprint('KERNEL', os.getpid())",
+        timeout=120,
+        output_hook=lambda msg: out.append(msg["content"].get("text", "")),
+    )
     text = "".join(out)
     _, port, pid = text.split("SERVER")[1].split("\n")[0].split(" ")
     return kc, int(port), int(pid), int(text.split("KERNEL")[1].split()[0])

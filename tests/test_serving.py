@@ -9,6 +9,7 @@ compares the engine's logits (recorded by a logits processor) with the reference
 (b) the reference's top-2 margin is within twice that difference (the most a flip can need).
 Divergences are counted across the whole file and must stay rare.
 """
+
 from __future__ import annotations
 
 import random
@@ -30,16 +31,17 @@ def model_and_prompts():
     torch.manual_seed(0)
     model, tok = load_model("target")
     from helpers.data import validation_text
+
     ids = tok.encode(validation_text()[:30_000])
     rng = random.Random(0)
     prompts = []
     for _ in range(10):
         n = rng.randint(3, 70)
         s = rng.randint(0, len(ids) - n)
-        prompts.append(ids[s:s + n])
+        prompts.append(ids[s : s + n])
     shared = ids[100:148]  # 48 tokens: three full blocks of 16
-    prompts += [shared + ids[1000 + 9 * j:1000 + 9 * j + 5 + j] for j in range(4)]
-    refs = [generate(model, p, N_NEW)[0, len(p):].tolist() for p in prompts]
+    prompts += [shared + ids[1000 + 9 * j : 1000 + 9 * j + 5 + j] for j in range(4)]
+    refs = [generate(model, p, N_NEW)[0, len(p) :].tolist() for p in prompts]
     return model, prompts, refs
 
 
@@ -217,7 +219,7 @@ def test_stop_conditions_and_processors(model_and_prompts):
 
     proc = engine.submit(prompts[2], N_NEW, logits_processors=[ban])
     engine.run()
-    assert engine.get(eos).output == refs[0][:refs[0].index(refs[0][4]) + 1]
+    assert engine.get(eos).output == refs[0][: refs[0].index(refs[0][4]) + 1]
     assert engine.get(eos).finish_reason == "eos"
     assert engine.get(seq).finish_reason == "stop_sequence"
     assert banned not in engine.get(proc).output
@@ -230,7 +232,7 @@ def test_seeded_sampling_is_reproducible_and_matches_generate(model_and_prompts)
     r = alone.submit(prompts[0], N_NEW, sampling=s, seed=7)
     alone.run()
     g = generate(model, prompts[0], N_NEW, sampling=s, generator=torch.Generator().manual_seed(7))
-    assert alone.get(r).output == g[0, len(prompts[0]):].tolist()
+    assert alone.get(r).output == g[0, len(prompts[0]) :].tolist()
     runs = []
     for _ in range(2):
         e = Engine(model, num_blocks=128)
@@ -255,6 +257,7 @@ def test_static_batching_pads_to_the_longest(model_and_prompts):
 def test_generate_takes_processors_and_a_step(model_and_prompts):
     model, prompts, refs = model_and_prompts
     from helpers.generate import decode_one_token
+
     seen = []
 
     def ban_first(ids, logits):
@@ -263,7 +266,7 @@ def test_generate_takes_processors_and_a_step(model_and_prompts):
         logits[:, refs[0][0]] = float("-inf")
         return logits
 
-    out = generate(model, prompts[0], 4, logits_processors=[ban_first])[0, len(prompts[0]):].tolist()
+    out = generate(model, prompts[0], 4, logits_processors=[ban_first])[0, len(prompts[0]) :].tolist()
     assert out[0] != refs[0][0] and seen == [(1, len(prompts[0]) + i) for i in range(4)]
     calls = []
 
@@ -271,7 +274,7 @@ def test_generate_takes_processors_and_a_step(model_and_prompts):
         calls.append(1)
         return decode_one_token(m, token, cache)
 
-    assert generate(model, prompts[0], N_NEW, step=counting_step)[0, len(prompts[0]):].tolist() == refs[0]
+    assert generate(model, prompts[0], N_NEW, step=counting_step)[0, len(prompts[0]) :].tolist() == refs[0]
     assert len(calls) == N_NEW - 1
     with pytest.raises(ValueError, match="logits_processors"):
         generate(model, prompts[0], 2, logits_processors=ban_first)
@@ -306,33 +309,42 @@ def stop_raises_at(n):
         if len(generated) == n:
             raise RuntimeError("criterion bug")
         return False
+
     return criterion
 
 
 def good_requests(prompts):
     """Greedy and seeded sampled requests, with and without penalties: the ones that must not change."""
     s = SamplingConfig(temperature=0.8, top_k=50)
-    return [dict(prompt=prompts[0]), dict(prompt=prompts[1], sampling=s, seed=1), dict(prompt=prompts[4]),
-            dict(prompt=prompts[5], sampling=SamplingConfig(temperature=0.0, repetition_penalty=1.3)),
-            dict(prompt=prompts[6], sampling=s, seed=2), dict(prompt=prompts[11])]
+    return [
+        dict(prompt=prompts[0]),
+        dict(prompt=prompts[1], sampling=s, seed=1),
+        dict(prompt=prompts[4]),
+        dict(prompt=prompts[5], sampling=SamplingConfig(temperature=0.0, repetition_penalty=1.3)),
+        dict(prompt=prompts[6], sampling=s, seed=2),
+        dict(prompt=prompts[11]),
+    ]
 
 
 def bad_requests():  # fresh processors each time: they count their calls
     return {
-    "processor raises": dict(logits_processors=[FailsAt(3, "raises")]),
-    "processor returns NaN": dict(logits_processors=[FailsAt(2, "nan")]),
-    "processor returns a wrong shape": dict(logits_processors=[FailsAt(1, "shape")]),
-    "grammar dead end (all -inf)": dict(logits_processors=[FailsAt(4, "all -inf")]),
-    "stop criterion raises": dict(stop_criteria=[stop_raises_at(2)]),
+        "processor raises": dict(logits_processors=[FailsAt(3, "raises")]),
+        "processor returns NaN": dict(logits_processors=[FailsAt(2, "nan")]),
+        "processor returns a wrong shape": dict(logits_processors=[FailsAt(1, "shape")]),
+        "grammar dead end (all -inf)": dict(logits_processors=[FailsAt(4, "all -inf")]),
+        "stop criterion raises": dict(stop_criteria=[stop_raises_at(2)]),
     }
 
 
 def degenerate_requests():  # accepted with a defined meaning: they finish normally
     return {
-    "temperature 1e-300 (greedy)": dict(sampling=SamplingConfig(temperature=1e-300)),
-    "repetition_penalty 1e-300": dict(sampling=SamplingConfig(temperature=0.7, repetition_penalty=1e-300), seed=3),
-    "logits past float32 with penalty 0.5": dict(logits_processors=[FailsAt(1, "huge")], seed=4,
-                                                  sampling=SamplingConfig(temperature=1.0, repetition_penalty=0.5)),
+        "temperature 1e-300 (greedy)": dict(sampling=SamplingConfig(temperature=1e-300)),
+        "repetition_penalty 1e-300": dict(sampling=SamplingConfig(temperature=0.7, repetition_penalty=1e-300), seed=3),
+        "logits past float32 with penalty 0.5": dict(
+            logits_processors=[FailsAt(1, "huge")],
+            seed=4,
+            sampling=SamplingConfig(temperature=1.0, repetition_penalty=0.5),
+        ),
     }
 
 
@@ -387,7 +399,7 @@ def test_greedy_with_a_penalty_equals_generate(model_and_prompts):
     engine = Engine(model, num_blocks=64)
     rid = engine.submit(prompts[0], N_NEW, sampling=s)
     engine.run()
-    assert engine.get(rid).output == generate(model, prompts[0], N_NEW, sampling=s)[0, len(prompts[0]):].tolist()
+    assert engine.get(rid).output == generate(model, prompts[0], N_NEW, sampling=s)[0, len(prompts[0]) :].tolist()
 
 
 # --- input checks: a ValueError naming the parameter, before anything is queued -------------------------
@@ -395,23 +407,23 @@ SUBMIT_BAD = [
     (dict(prompt=torch.tensor([[1, 2], [3, 4]])), "prompt"),
     (dict(prompt=torch.tensor([1.0, 2.0])), "prompt"),
     (dict(prompt=[1, True]), "prompt"),
-    (dict(prompt=[1, 2 ** 70]), "prompt"),
+    (dict(prompt=[1, 2**70]), "prompt"),
     (dict(prompt=[1, -1]), "prompt"),
     (dict(prompt="def f"), "prompt"),
     (dict(prompt=list(range(1, 1025)), max_tokens=1), "prompt"),
     (dict(max_tokens=True), "max_tokens"),
     (dict(max_tokens=2.0), "max_tokens"),
-    (dict(max_tokens=2 ** 70), "max_tokens"),
+    (dict(max_tokens=2**70), "max_tokens"),
     (dict(max_tokens=-1), "max_tokens"),
     (dict(max_tokens=500), "max_tokens"),  # 8 blocks of 16: it could never run
     (dict(sampling=0.7), "sampling"),
     (dict(sampling={"temperature": 0.7}), "sampling"),
     (dict(seed=True), "seed"),
-    (dict(seed=2 ** 64), "seed"),
+    (dict(seed=2**64), "seed"),
     (dict(seed=1.5), "seed"),
     (dict(eos_id="<|eos|>"), "eos_id"),
     (dict(eos_id=True), "eos_id"),
-    (dict(eos_id=10 ** 6), "eos_id"),
+    (dict(eos_id=10**6), "eos_id"),
     (dict(stop_sequences="\n"), "stop_sequences"),
     (dict(stop_sequences=[[1, 99999]]), "stop_sequences"),
     (dict(stop_criteria=lambda g: False), "stop_criteria"),
@@ -440,13 +452,19 @@ def test_submit_names_the_bad_parameter(model_and_prompts, kw, param):
 
 
 ENGINE_BAD = [
-    (dict(num_blocks=True), "num_blocks"), (dict(num_blocks=0), "num_blocks"),
-    (dict(num_blocks=10 ** 12), "num_blocks"), (dict(num_blocks=4.0), "num_blocks"),
-    (dict(block_size=2048), "block_size"), (dict(block_size=None), "block_size"),
-    (dict(max_num_seqs=False), "max_num_seqs"), (dict(max_num_batched_tokens=True), "max_num_batched_tokens"),
+    (dict(num_blocks=True), "num_blocks"),
+    (dict(num_blocks=0), "num_blocks"),
+    (dict(num_blocks=10**12), "num_blocks"),
+    (dict(num_blocks=4.0), "num_blocks"),
+    (dict(block_size=2048), "block_size"),
+    (dict(block_size=None), "block_size"),
+    (dict(max_num_seqs=False), "max_num_seqs"),
+    (dict(max_num_batched_tokens=True), "max_num_batched_tokens"),
     (dict(max_num_batched_tokens=0), "max_num_batched_tokens"),
     (dict(enable_prefix_caching="yes"), "enable_prefix_caching"),
-    (dict(chunked_prefill=1), "chunked_prefill"), (dict(policy="fifo"), "policy"), (dict(step_log=0), "step_log"),
+    (dict(chunked_prefill=1), "chunked_prefill"),
+    (dict(policy="fifo"), "policy"),
+    (dict(step_log=0), "step_log"),
     (dict(chunked_prefill=False, max_num_batched_tokens=64), "max_num_batched_tokens"),
 ]
 
@@ -487,5 +505,13 @@ def test_forget_stats_and_a_bounded_step_log(model_and_prompts):
     assert engine.get(rid).output == refs[0]
     engine.forget(rid)
     assert not engine.requests and len(engine.steps) < 10 and engine.num_steps == N_NEW
-    assert engine.stats() | {"steps": 0} == dict(running=0, waiting=0, kv_blocks_total=64, kv_blocks_free=64,
-                                                   kv_blocks_used=0, block_size=16, steps=0, preemptions=0)
+    assert engine.stats() | {"steps": 0} == dict(
+        running=0,
+        waiting=0,
+        kv_blocks_total=64,
+        kv_blocks_free=64,
+        kv_blocks_used=0,
+        block_size=16,
+        steps=0,
+        preemptions=0,
+    )

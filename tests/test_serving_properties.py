@@ -15,6 +15,7 @@ outputs are compared exactly; a few examples run the shipped model too. CI runs 
 set of examples (`CI` below), so every run draws the same workloads; set LLM_COURSE_HYPOTHESIS_EXAMPLES to
 explore more (derandomized too, so a failure it finds comes back on the next run).
 """
+
 from __future__ import annotations
 
 import os
@@ -32,9 +33,14 @@ from helpers.serving import Engine
 from helpers.serving.params import InvalidParameter
 
 CTX = 48  # the tiny model's context window
-CI = settings(max_examples=int(os.environ.get("LLM_COURSE_HYPOTHESIS_EXAMPLES", "30")), derandomize=True,
-              deadline=None, database=None, print_blob=True,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+CI = settings(
+    max_examples=int(os.environ.get("LLM_COURSE_HYPOTHESIS_EXAMPLES", "30")),
+    derandomize=True,
+    deadline=None,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,18 +56,26 @@ def workloads(draw, vocab: int, ctx: int, policy: str):
     for _ in range(draw(st.integers(1, 8))):
         n_shared = draw(st.integers(0, 30))
         tail = draw(st.lists(st.integers(0, vocab - 1), min_size=0 if n_shared else 1, max_size=12))
-        prompt = (shared[:n_shared] + tail)[:ctx - 1]
+        prompt = (shared[:n_shared] + tail)[: ctx - 1]
         requests.append((prompt, draw(st.integers(1, min(30, ctx - len(prompt))))))
     block_size = draw(st.sampled_from([1, 2, 4, 8, 16]))
     largest = max(-(-(len(p) + n - 1) // block_size) for p, n in requests)
     chunked = draw(st.booleans())
     engine = dict(  # pools around the largest request's need: tight ones preempt, smaller ones refuse it
-        num_blocks=max(1, largest + draw(st.integers(-2, 4))), block_size=block_size,
-        max_num_seqs=draw(st.integers(1, 5)), policy=policy,
-        enable_prefix_caching=draw(st.booleans()), chunked_prefill=chunked,
-        max_num_batched_tokens=draw(st.integers(1, 40)) if chunked else draw(st.sampled_from([None, ctx, 2 * ctx])))
-    events = draw(st.lists(st.one_of(st.tuples(st.just("steps"), st.integers(1, 4)),
-                                     st.tuples(st.just("cancel"), st.integers(0, 7))), max_size=8))
+        num_blocks=max(1, largest + draw(st.integers(-2, 4))),
+        block_size=block_size,
+        max_num_seqs=draw(st.integers(1, 5)),
+        policy=policy,
+        enable_prefix_caching=draw(st.booleans()),
+        chunked_prefill=chunked,
+        max_num_batched_tokens=draw(st.integers(1, 40)) if chunked else draw(st.sampled_from([None, ctx, 2 * ctx])),
+    )
+    events = draw(
+        st.lists(
+            st.one_of(st.tuples(st.just("steps"), st.integers(1, 4)), st.tuples(st.just("cancel"), st.integers(0, 7))),
+            max_size=8,
+        )
+    )
     order = draw(st.permutations(["submit"] * len(requests) + [e for e in events]))
     return engine, requests, order
 
@@ -109,7 +123,7 @@ def check_outputs(model, engine, submitted):
         r = engine.get(rid)
         assert r.finish_reason in ("length", "cancelled"), r.finish_reason
         if r.finish_reason == "length":
-            ref = generate(model, prompt, max_tokens)[0, len(prompt):].tolist()
+            ref = generate(model, prompt, max_tokens)[0, len(prompt) :].tolist()
             assert r.output == ref, (prompt, max_tokens)
 
 
@@ -130,8 +144,10 @@ def test_every_workload_finishes_within_the_bound_and_equals_generate(tiny, poli
 
 SHIPPED_CASES = [  # the review's reproducers and tight pools, on the shipped model
     (dict(num_blocks=40, block_size=16, max_num_seqs=2, policy="static"), [(10, 2), (10, 300), (10, 5)]),
-    (dict(num_blocks=12, block_size=4, max_num_seqs=4, policy="static", enable_prefix_caching=True),
-     [(9, 30), (17, 12), (5, 40), (30, 6)]),
+    (
+        dict(num_blocks=12, block_size=4, max_num_seqs=4, policy="static", enable_prefix_caching=True),
+        [(9, 30), (17, 12), (5, 40), (30, 6)],
+    ),
     (dict(num_blocks=10, block_size=8, max_num_seqs=3, max_num_batched_tokens=5), [(40, 30), (3, 20), (25, 30)]),
     (dict(num_blocks=16, block_size=16, max_num_seqs=8, chunked_prefill=False), [(100, 40)] * 4),
 ]
@@ -143,7 +159,7 @@ def test_tight_pools_on_the_shipped_model(shipped, engine_kw, shape):
 
     model, _, tok = shipped
     text = tok.encode("import os\nimport sys\n\n\ndef main(argv):\n    parser = argparse.ArgumentParser()\n" * 8)
-    prompts = [text[7 * i:7 * i + n] for i, (n, _) in enumerate(shape)]
+    prompts = [text[7 * i : 7 * i + n] for i, (n, _) in enumerate(shape)]
     engine = Engine(model, **engine_kw)
     recorders = [LogitRecorder() for _ in prompts]
     ids = [engine.submit(p, m, logits_processors=[rec]) for p, (_, m), rec in zip(prompts, shape, recorders)]
@@ -152,5 +168,5 @@ def test_tight_pools_on_the_shipped_model(shipped, engine_kw, shape):
         engine.step()
     assert not engine.has_unfinished() and engine.num_steps <= bound
     assert engine.pool.num_free == engine.pool.num_blocks
-    refs = [generate(model, p, m)[0, len(p):].tolist() for p, (_, m) in zip(prompts, shape)]
+    refs = [generate(model, p, m)[0, len(p) :].tolist() for p, (_, m) in zip(prompts, shape)]
     check_against_reference(model, prompts, refs, [engine.get(i).output for i in ids], recorders)

@@ -1,4 +1,5 @@
 """The rolling KV cache against the naive path: the model without a cache and a banded mask (attn_window)."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,8 +11,10 @@ from helpers.kv_cache import KVCache
 from helpers.model import ModelConfig
 from helpers.sliding_window import RollingKVCache, SinkKVCache
 
-CONFIGS = {name: ModelConfig.from_preset("tiny", n_kv_heads=h, max_seq_len=256)
-           for name, h in [("mha", 4), ("gqa", 2), ("mqa", 1)]}
+CONFIGS = {
+    name: ModelConfig.from_preset("tiny", n_kv_heads=h, max_seq_len=256)
+    for name, h in [("mha", 4), ("gqa", 2), ("mqa", 1)]
+}
 TOL = 1e-5  # fp32: the same math as the masked full-sequence pass, in a different order
 
 
@@ -27,7 +30,7 @@ def test_token_by_token_matches_the_windowed_mask(name, window):
     with torch.no_grad():
         reference = model(seq, attn_window=window)  # (1, 70, V): banded mask, no cache
         cache = RollingKVCache.for_model(model, window)
-        steps = [model(seq[:, t:t + 1], cache=cache, attn_window=window)[:, -1] for t in range(70)]
+        steps = [model(seq[:, t : t + 1], cache=cache, attn_window=window)[:, -1] for t in range(70)]
     assert cache.length == 70
     assert torch.allclose(torch.stack(steps, 1), reference, atol=TOL, rtol=0)
 
@@ -40,7 +43,7 @@ def test_chunks_longer_and_shorter_than_the_window_match(chunks):
         reference = model(seq, attn_window=window)
         cache, outs, pos = RollingKVCache.for_model(model, window), [], 0
         for n in chunks:
-            outs.append(model(seq[:, pos:pos + n], cache=cache, attn_window=window))
+            outs.append(model(seq[:, pos : pos + n], cache=cache, attn_window=window))
             pos += n
     assert torch.allclose(torch.cat(outs, 1), reference, atol=TOL, rtol=0)
 
@@ -53,7 +56,7 @@ def test_ring_holds_the_last_window_positions():
         model(seq, cache=full, attn_window=window)  # the same windowed attention, every position kept
         model(seq[:, :20], cache=ring, attn_window=window)
         for t in range(20, 53):
-            model(seq[:, t:t + 1], cache=ring, attn_window=window)
+            model(seq[:, t : t + 1], cache=ring, attn_window=window)
     for p in range(53 - window, 53):
         assert torch.allclose(ring.k[:, :, :, p % window], full.k[:, :, :, p], atol=TOL, rtol=0)
         assert torch.allclose(ring.v[:, :, :, p % window], full.v[:, :, :, p], atol=TOL, rtol=0)
@@ -94,8 +97,9 @@ def test_the_cache_supplies_its_window_and_refuses_another():
     with torch.no_grad():
         reference = model(seq, attn_window=window)  # (1, 30, V)
         cache = RollingKVCache.for_model(model, window)
-        out = torch.cat([model(seq[:, :20], cache=cache), model(seq[:, 20:21], cache=cache),
-                         model(seq[:, 21:], cache=cache)], 1)  # no attn_window: the cache's
+        out = torch.cat(
+            [model(seq[:, :20], cache=cache), model(seq[:, 20:21], cache=cache), model(seq[:, 21:], cache=cache)], 1
+        )  # no attn_window: the cache's
         assert torch.allclose(out, reference, atol=TOL, rtol=0)
         # a longer window would need keys the ring dropped; a shorter one would mask a decode step's keys as
         # if they were in position order, which ring slots are not: both would be silently wrong
@@ -118,10 +122,11 @@ def test_sliding_window_generation_is_generates_loop():
             seq = torch.cat([seq, torch.multinomial(probs, 1, generator=g)], 1)
     assert torch.equal(sampled, seq)
     eos = int(sampled[0, 16 + 5])  # stop at the sixth sampled token (the earliest occurrence, if it repeats)
-    stopped = generate_sliding_window(model, prompt, 30, window=window, eos_id=eos, **{
-        **gen, "generator": torch.Generator().manual_seed(3)})
+    stopped = generate_sliding_window(
+        model, prompt, 30, window=window, eos_id=eos, **{**gen, "generator": torch.Generator().manual_seed(3)}
+    )
     first = 16 + sampled[0, 16:].tolist().index(eos)
-    assert torch.equal(stopped, sampled[:, :first + 1])
+    assert torch.equal(stopped, sampled[:, : first + 1])
 
     def ban_sampled(ids_, logits):
         return logits.index_fill(-1, sampled[0, 16:], -1e9)
@@ -148,6 +153,7 @@ def test_rolling_cache_only_appends():
 
 # --- SinkKVCache: attention sinks plus a rolling window, positions counted inside the cache (StreamingLLM)
 
+
 def test_sink_cache_without_sinks_is_the_banded_mask():
     # n_sink=0: every query sees the last `window` tokens at their true distances, as the banded mask does
     model, window = random_model(CONFIGS["gqa"], seed=9), 16
@@ -155,7 +161,7 @@ def test_sink_cache_without_sinks_is_the_banded_mask():
     with torch.no_grad():
         reference = model(seq, attn_window=window)  # (1, 70, V)
         cache = SinkKVCache.for_model(model, n_sink=0, window=window)
-        outs = [model(seq[:, :10], cache=cache)] + [model(seq[:, t:t + 1], cache=cache) for t in range(10, 70)]
+        outs = [model(seq[:, :10], cache=cache)] + [model(seq[:, t : t + 1], cache=cache) for t in range(10, 70)]
     assert cache.seen == 70 and cache.length == window - 1
     assert torch.allclose(torch.cat(outs, 1), reference, atol=TOL, rtol=0)
 
@@ -167,7 +173,7 @@ def test_sink_cache_before_it_is_full_is_ordinary_attention():
         reference = model(seq)
         cache = SinkKVCache.for_model(model, n_sink=4, window=20)  # holds exactly 24 positions
         outs = [model(seq[:, :5], cache=cache), model(seq[:, 5:17], cache=cache)]
-        outs += [model(seq[:, t:t + 1], cache=cache) for t in range(17, 24)]
+        outs += [model(seq[:, t : t + 1], cache=cache) for t in range(17, 24)]
     assert torch.allclose(torch.cat(outs, 1), reference, atol=TOL, rtol=0)
 
 
@@ -180,9 +186,9 @@ def test_one_layer_sink_cache_sees_the_sinks_then_the_window_at_cache_positions(
     cache = SinkKVCache.for_model(model, n_sink=n_sink, window=window)
     with torch.no_grad():
         for t in range(150):
-            got = model(seq[:, t:t + 1], cache=cache)[:, -1]
+            got = model(seq[:, t : t + 1], cache=cache)[:, -1]
             if t >= n_sink + window:
-                kept = torch.cat([seq[:, :n_sink], seq[:, t - window + 1:t + 1]], dim=1)  # (1, n_sink + window)
+                kept = torch.cat([seq[:, :n_sink], seq[:, t - window + 1 : t + 1]], dim=1)  # (1, n_sink + window)
                 assert torch.allclose(got, model(kept)[:, -1], atol=TOL, rtol=0), t
     assert cache.seen == 150 and cache.length == n_sink + window - 1
 
@@ -196,17 +202,19 @@ def test_sink_cache_runs_past_the_context_window_in_fixed_memory():
     with torch.no_grad():
         model(seq[:, :32], cache=cache)
         for t in range(32, 300):
-            out = model(seq[:, t:t + 1], cache=cache)
+            out = model(seq[:, t : t + 1], cache=cache)
     assert cache.seen == 300 and torch.isfinite(out).all()
     assert "n_sink=4, window=28" in repr(cache)
 
 
 def test_sink_cache_bad_arguments():
     model = random_model(CONFIGS["gqa"], seed=13)
-    for kwargs, message in [(dict(n_sink=-1, window=8), "n_sink must be an int >= 0"),
-                            (dict(n_sink=1.0, window=8), "n_sink must be an int >= 0"),
-                            (dict(n_sink=2, window=0), "window must be an int >= 1"),
-                            (dict(n_sink=4, window=253), r"n_sink \+ window must be at most 256")]:
+    for kwargs, message in [
+        (dict(n_sink=-1, window=8), "n_sink must be an int >= 0"),
+        (dict(n_sink=1.0, window=8), "n_sink must be an int >= 0"),
+        (dict(n_sink=2, window=0), "window must be an int >= 1"),
+        (dict(n_sink=4, window=253), r"n_sink \+ window must be at most 256"),
+    ]:
         with pytest.raises(ValueError, match=message):
             SinkKVCache.for_model(model, **kwargs)
     cache = SinkKVCache.for_model(model, n_sink=2, window=6)

@@ -5,6 +5,7 @@ Every target of the full soak holds on the short one: no 5xx, no good answer cha
 `generate`, seeded sampled ones the engine alone), every error in OpenAI's shape, no block leaked, no
 request left in the engine, resident memory after the soak within 10% of after the warm-up.
 """
+
 from __future__ import annotations
 
 from helpers.serving.soak import failures, run_soak, table

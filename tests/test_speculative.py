@@ -4,6 +4,7 @@ Statistical tests use fixed seeds, so each is deterministic; the thresholds say 
 counts may be if the sampler is right. A chi-square p-value above 1e-3 passes (a correct sampler
 would fail it with probability 0.1% for a random seed); the wrong variants must give p < 1e-9.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -45,14 +46,14 @@ FAIL_P = 1e-9  # a wrong one must be rejected this clearly
 # A toy language: 4 tokens, and each model is a table of next-token distributions given the previous
 # token (a Markov chain), so the exact distribution of any continuation is a product of table entries.
 # The draft gives zero probability to some tokens the target likes and vice versa.
-P_TARGET_TABLE = torch.tensor([[0.50, 0.30, 0.15, 0.05],
-                               [0.10, 0.20, 0.30, 0.40],
-                               [0.25, 0.25, 0.25, 0.25],
-                               [0.70, 0.00, 0.20, 0.10]], dtype=torch.float64)
-P_DRAFT_TABLE = torch.tensor([[0.25, 0.25, 0.25, 0.25],
-                              [0.40, 0.30, 0.30, 0.00],
-                              [0.05, 0.80, 0.10, 0.05],
-                              [0.30, 0.30, 0.30, 0.10]], dtype=torch.float64)
+P_TARGET_TABLE = torch.tensor(
+    [[0.50, 0.30, 0.15, 0.05], [0.10, 0.20, 0.30, 0.40], [0.25, 0.25, 0.25, 0.25], [0.70, 0.00, 0.20, 0.10]],
+    dtype=torch.float64,
+)
+P_DRAFT_TABLE = torch.tensor(
+    [[0.25, 0.25, 0.25, 0.25], [0.40, 0.30, 0.30, 0.00], [0.05, 0.80, 0.10, 0.05], [0.30, 0.30, 0.30, 0.10]],
+    dtype=torch.float64,
+)
 START = 0
 
 
@@ -164,8 +165,9 @@ def test_accept_or_resample_equals_greedy_accept_on_one_hot_distributions():
     V, gamma, N = 7, 4, 500
     target_argmax = torch.randint(0, V, (N, gamma + 1), generator=g)
     # drafts that agree with the target for a random number of leading positions
-    draft = torch.where(torch.rand(N, gamma, generator=g) < 0.7, target_argmax[:, :gamma],
-                        torch.randint(0, V, (N, gamma), generator=g))
+    draft = torch.where(
+        torch.rand(N, gamma, generator=g) < 0.7, target_argmax[:, :gamma], torch.randint(0, V, (N, gamma), generator=g)
+    )
     one_hot = lambda t: torch.nn.functional.one_hot(t, V).float()
     n1, x1 = accept_or_resample(one_hot(target_argmax), one_hot(draft), draft, g)
     n2, x2 = greedy_accept(target_argmax, draft)
@@ -280,8 +282,9 @@ def tiny_exact_joint(target, prompt, cfg):
     return (p1[:, None, None] * p2[:, :, None] * p3.view(V, V, V)).flatten().double()
 
 
-@pytest.mark.parametrize("cfg", [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7, top_k=3)],
-                         ids=["t1", "t0.7-topk3"])
+@pytest.mark.parametrize(
+    "cfg", [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7, top_k=3)], ids=["t1", "t0.7-topk3"]
+)
 def test_speculative_sampling_end_to_end_matches_target_joint(tiny_pair, cfg):
     target, draft = tiny_pair
     prompt = [1, 3, 0]
@@ -311,7 +314,7 @@ def test_prompt_lookup_sampling_end_to_end_matches_target_joint(tiny_pair):
     samples, runs = [], SpeculativeStats()
     for _ in range(1200):
         out, stats = prompt_lookup_generate(target, prompt, 3, gamma=3, sampling=cfg, generator=g)
-        samples.append(out[0, len(prompt):])
+        samples.append(out[0, len(prompt) :])
         runs = runs.merge(stats)
     _, _, p_value = chi_square_test(outcome_counts(torch.stack(samples), 5), exact)
     assert p_value > PASS_P, p_value
@@ -348,8 +351,10 @@ def test_real_model_first_token_distribution(shipped):
     assert chi_square_test(counts, p_target)[2] > PASS_P
     assert chi_square_test(counts, p_draft)[2] < FAIL_P
 
-    firsts = [speculative_generate(target, draft, prompt, 2, gamma=1, temperature=1.0, generator=g)[0][0, len(prompt)]
-              for _ in range(300)]
+    firsts = [
+        speculative_generate(target, draft, prompt, 2, gamma=1, temperature=1.0, generator=g)[0][0, len(prompt)]
+        for _ in range(300)
+    ]
     counts = torch.bincount(torch.stack(firsts), minlength=V)
     assert chi_square_test(counts, p_target)[2] > PASS_P
     assert chi_square_test(counts, p_draft)[2] < FAIL_P
@@ -432,8 +437,9 @@ def test_static_eager_speculative_equals_target_greedy(tiny_pair):
                 assert stats.new_tokens == n and stats.target_calls == stats.rounds
     prompt = [4, 0, 3]
     eos = generate(target, prompt, 40)[0, 8].item()
-    assert torch.equal(speculative_generate(fast_t, fast_d, prompt, 40, eos_id=eos)[0],
-                       generate(target, prompt, 40, eos_id=eos))
+    assert torch.equal(
+        speculative_generate(fast_t, fast_d, prompt, 40, eos_id=eos)[0], generate(target, prompt, 40, eos_id=eos)
+    )
 
 
 @pytest.mark.skipif(not compile_available(), reason="torch.compile needs a C++ compiler on the CPU")
@@ -475,12 +481,23 @@ def test_fused_round_runs_the_rounds(tiny_pair, monkeypatch, temperature):
     assert fused is not None and fused.compiled and fused.sampled == (temperature > 0)
     calls = []
     real_call = speculative.FusedRounds.__call__
-    monkeypatch.setattr(speculative.FusedRounds, "__call__",
-                        lambda self, ids, n, *args: calls.append(n) or real_call(self, ids, n, *args))
+    monkeypatch.setattr(
+        speculative.FusedRounds,
+        "__call__",
+        lambda self, ids, n, *args: calls.append(n) or real_call(self, ids, n, *args),
+    )
 
     def run(prompt, n_new, seed=0, cfg=sampling):
-        return speculative_generate(fast_t, fast_d, prompt, n_new, gamma=gamma, sampling=cfg,
-                                    generator=torch.Generator().manual_seed(seed), trace=True)
+        return speculative_generate(
+            fast_t,
+            fast_d,
+            prompt,
+            n_new,
+            gamma=gamma,
+            sampling=cfg,
+            generator=torch.Generator().manual_seed(seed),
+            trace=True,
+        )
 
     for prompt in ([0], [1, 2], [4, 0, 3, 3, 1, 2, 0]):
         calls.clear()
@@ -499,7 +516,7 @@ def test_fused_round_runs_the_rounds(tiny_pair, monkeypatch, temperature):
         assert stats.proposed == [gamma] * stats.rounds and stats.new_tokens == 40
         n = len(prompt)
         for proposed, k, nxt in stats.trace:  # the accepted proposals and the next token are the output
-            assert out[0, n:n + k + 1].tolist() == (proposed[:k] + [nxt])[:out.shape[1] - n]
+            assert out[0, n : n + k + 1].tolist() == (proposed[:k] + [nxt])[: out.shape[1] - n]
             n += k + 1
         assert n >= out.shape[1]
     assert speculative.fused_rounds(fast_t, fast_d, gamma, sampled=temperature > 0) is fused  # compiled once
@@ -535,8 +552,11 @@ def test_fused_prefill_runs_the_warmed_buckets_only(tiny_pair, monkeypatch):
     warmup_speculative(fast_t, fast_d, 1, temperature=1.0)
     calls = []
     real_call = speculative.FusedPrefill.__call__
-    monkeypatch.setattr(speculative.FusedPrefill, "__call__",
-                        lambda self, prompt: calls.append((self.tokens, prompt.shape[1])) or real_call(self, prompt))
+    monkeypatch.setattr(
+        speculative.FusedPrefill,
+        "__call__",
+        lambda self, prompt: calls.append((self.tokens, prompt.shape[1])) or real_call(self, prompt),
+    )
     g = torch.Generator().manual_seed(0)
     for length in (bucket + 2, bucket + 9, 2 * bucket + 1, bucket + 1, 3):  # the last two: other buckets
         prompt = torch.randint(0, 5, (1, length), generator=g)
@@ -545,8 +565,12 @@ def test_fused_prefill_runs_the_warmed_buckets_only(tiny_pair, monkeypatch):
         assert torch.equal(out, generate(target, prompt, 20)), length
         used = bucket + 2 <= length <= 2 * bucket + 1  # prefills of bucket + 1 .. 2 bucket
         assert calls == ([(2 * bucket, length - 1)] if used else []), length
-        sampled = [speculative_generate(fast_t, fast_d, prompt, 20, temperature=1.0,
-                                        generator=torch.Generator().manual_seed(1))[0] for _ in range(2)]
+        sampled = [
+            speculative_generate(
+                fast_t, fast_d, prompt, 20, temperature=1.0, generator=torch.Generator().manual_seed(1)
+            )[0]
+            for _ in range(2)
+        ]
         assert torch.equal(*sampled)
     with pytest.raises(ValueError, match="prompt_lengths"):
         warmup_speculative(fast_t, fast_d, 3, prompt_lengths=(0,))
@@ -566,8 +590,11 @@ def test_last_rounds_without_room_call_the_models(tiny_pair, monkeypatch):
     fast_d = FastGenerator(draft, max_seq_len=len(prompt) + n_new)
     calls = []
     real_call = speculative.FusedRounds.__call__
-    monkeypatch.setattr(speculative.FusedRounds, "__call__",
-                        lambda self, ids, n, *args: calls.append(n) or real_call(self, ids, n, *args))
+    monkeypatch.setattr(
+        speculative.FusedRounds,
+        "__call__",
+        lambda self, ids, n, *args: calls.append(n) or real_call(self, ids, n, *args),
+    )
     out, stats = speculative_generate(fast_t, fast_d, prompt, n_new, gamma=gamma)
     assert torch.equal(out, generate(target, prompt, n_new))
     starts = _round_starts(len(prompt), stats)
@@ -588,9 +615,11 @@ def _round_starts(prompt_len: int, stats) -> list[int]:
 _needs_compiler = pytest.mark.skipif(not compile_available(), reason="torch.compile needs a C++ compiler on the CPU")
 
 
-@pytest.mark.parametrize("compile,fuse", [(False, True), pytest.param(True, False, marks=_needs_compiler),
-                                          pytest.param(True, True, marks=_needs_compiler)],
-                         ids=["eager", "compiled, models called one at a time", "compiled, each round one graph"])
+@pytest.mark.parametrize(
+    "compile,fuse",
+    [(False, True), pytest.param(True, False, marks=_needs_compiler), pytest.param(True, True, marks=_needs_compiler)],
+    ids=["eager", "compiled, models called one at a time", "compiled, each round one graph"],
+)
 def test_static_speculative_sampling_matches_target_joint(tiny_pair, compile, fuse):
     """The static path's logits equal the eager ones only to float rounding, and the fused round draws by
     inverse CDF from uniforms drawn on the host, so a seeded run need not draw the eager loop's tokens;
@@ -603,8 +632,9 @@ def test_static_speculative_sampling_matches_target_joint(tiny_pair, compile, fu
     g = torch.Generator().manual_seed(0)
     samples, runs = [], SpeculativeStats()
     for _ in range(1200):
-        out, stats = speculative_generate(fast_t, fast_d, prompt, 3, gamma=2, sampling=cfg, generator=g,
-                                          fuse_rounds=fuse)
+        out, stats = speculative_generate(
+            fast_t, fast_d, prompt, 3, gamma=2, sampling=cfg, generator=g, fuse_rounds=fuse
+        )
         samples.append(out[0, 3:])
         runs = runs.merge(stats)
     counts = outcome_counts(torch.stack(samples), 5)

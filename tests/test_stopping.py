@@ -1,4 +1,5 @@
 """Stop criteria (stopping.py) on their own and inside generate / generate_without_cache."""
+
 from __future__ import annotations
 
 import pytest
@@ -46,8 +47,10 @@ def test_repetition_stop_ignores_loops_longer_than_max_period():
     assert RepetitionStop(max_period=10, min_repeats=3)(seq)
 
 
-@pytest.mark.parametrize("kwargs, msg", [({"max_period": 0}, "max_period"), ({"min_repeats": 1}, "min_repeats"),
-                                         ({"max_period": 2.0}, "max_period")])
+@pytest.mark.parametrize(
+    "kwargs, msg",
+    [({"max_period": 0}, "max_period"), ({"min_repeats": 1}, "min_repeats"), ({"max_period": 2.0}, "max_period")],
+)
 def test_repetition_stop_rejects_bad_parameters(kwargs, msg):
     with pytest.raises(ValueError, match=msg):
         RepetitionStop(**kwargs)
@@ -57,11 +60,11 @@ def test_text_stop_catches_a_string_the_tokenizer_merged(tok):
     ids = tok.encode("x = 1\n\n    def f(self):")
     merged = tok.encode("\n\n")
     # the blank line is merged with the indentation, so the id-level sequence never occurs ...
-    assert all(ids[i:i + len(merged)] != merged for i in range(len(ids)))
+    assert all(ids[i : i + len(merged)] != merged for i in range(len(ids)))
     # ... but the text-level stop fires, at the token that completes it
     stop = TextStop(tok, ["\n\n"])
     fired = [k for k in range(1, len(ids) + 1) if stop(ids[:k])]
-    assert fired and "\n\n" in tok.decode(ids[:fired[0]]) and "\n\n" not in tok.decode(ids[:fired[0] - 1])
+    assert fired and "\n\n" in tok.decode(ids[: fired[0]]) and "\n\n" not in tok.decode(ids[: fired[0] - 1])
     assert stop.matched == "\n\n"
 
 
@@ -96,7 +99,7 @@ def test_generate_stops_where_the_criterion_first_fires(model, gen):
     assert find_loop(full) is not None  # random greedy models loop, which is what this test needs
     stop = RepetitionStop(max_period=16, min_repeats=3)
     out = gen(model, prompt, 100, stop_criteria=[stop])[0, 3:].tolist()
-    assert out == full[:len(out)] and len(out) < 100
+    assert out == full[: len(out)] and len(out) < 100
     assert stop.at == len(out) and ends_in_loop(out, stop.period, 3)
     fresh = RepetitionStop(max_period=16, min_repeats=3)
     assert not any(fresh(out[:k]) for k in range(1, len(out)))  # it did not miss an earlier stop
@@ -104,9 +107,11 @@ def test_generate_stops_where_the_criterion_first_fires(model, gen):
 
 def test_criterion_sees_only_generated_tokens_and_eos_wins(model):
     seen = []
+
     def after_five(generated):
         seen.append(list(generated))
         return len(generated) == 5
+
     out = generate(model, [1, 2, 3], 50, stop_criteria=[after_five])
     assert out.shape == (1, 8) and seen[0] == out[0, 3:4].tolist()
     first = int(out[0, 3])

@@ -7,6 +7,7 @@ KV cache, the pipeline's tokens, a clean shutdown, and the launcher's failures: 
 a task that raises, a task that runs past its deadline. Each must end in a WorkerError, quickly,
 with every worker gone.
 """
+
 from __future__ import annotations
 
 import os
@@ -130,6 +131,7 @@ class _ThreadAllReduce:
                 total += p
             self.barrier.wait()  # nobody overwrites a part before everyone has summed
             t.copy_(total)
+
         return all_reduce
 
 
@@ -189,7 +191,7 @@ def test_two_processes_match_one(group):
         ref = model(torch.tensor([prompt]))
     for r in results:
         assert (torch.from_numpy(r["logits"]) - ref).abs().max() < 1e-3
-        assert r["tokens"] == generate(model, prompt, 12)[0, len(prompt):].tolist()
+        assert r["tokens"] == generate(model, prompt, 12)[0, len(prompt) :].tolist()
         assert r["kv_cache_nbytes"] == KVCache.for_model(model, max_seq_len=len(prompt) + 12).nbytes // 2
         assert r["allreduce_bytes_last_step"] == [model.cfg.d_model * 4] * (2 * model.cfg.n_layers)
         assert len(r["step_seconds"]) == len(r["allreduce_seconds"]) == len(r["step_cpu_seconds"]) == 11
@@ -202,7 +204,7 @@ def test_pipeline_matches_one_process(group):
     prompts = [tok.encode(t, bos=True) for t in ("def f(x):", "class A:", "x = [")]
     for in_flight in (1, 3):
         results = group.run(pipeline_greedy_task, prompts, 6, in_flight)
-        assert results[1]["tokens"] == [generate(model, p, 6)[0, len(p):].tolist() for p in prompts]
+        assert results[1]["tokens"] == [generate(model, p, 6)[0, len(p) :].tolist() for p in prompts]
         assert results[0]["bytes_sent_per_decode_token"] == [model.cfg.d_model * 4]
 
 

@@ -1,4 +1,5 @@
 """helpers.measure.timing: what the timers call, in which order, and what they return."""
+
 import time
 
 import pytest
@@ -50,10 +51,15 @@ def test_time_interleaved_block_rewarms_then_averages():
     assert [len(t) for t in times] == [2, 2]
 
 
-@pytest.mark.parametrize("call", [lambda: time_interleaved([print], CPU, block=0),
-                                  lambda: time_call(print, CPU, repeats=0),
-                                  lambda: time_call(print, CPU, warmup=-1),
-                                  lambda: step_seconds(print, 0, 0, CPU)])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: time_interleaved([print], CPU, block=0),
+        lambda: time_call(print, CPU, repeats=0),
+        lambda: time_call(print, CPU, warmup=-1),
+        lambda: step_seconds(print, 0, 0, CPU),
+    ],
+)
 def test_bad_counts_are_refused(call):
     with pytest.raises(ValueError, match="block|repeats|warmup"):
         call()

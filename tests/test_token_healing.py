@@ -1,4 +1,5 @@
 """Token healing: what it backs up, which tokens it allows, and that the healed text keeps the prompt."""
+
 import pytest
 import torch
 
@@ -56,7 +57,7 @@ def test_generate_healed_keeps_the_prompt_text(shipped):
         out = generate_healed(model, tok, ids, max_new_tokens=5)
         assert tok.decode(out).startswith(prompt)
         kept, _ = heal_prompt(tok, ids)
-        assert out[:len(kept)] == kept and len(out) >= len(ids) - 1 + 5
+        assert out[: len(kept)] == kept and len(out) >= len(ids) - 1 + 5
 
 
 def test_generate_healed_is_greedy_decoding_of_the_constrained_prefix(shipped):

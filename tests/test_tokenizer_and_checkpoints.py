@@ -1,4 +1,5 @@
 """Tokenizer round trips, and what happens when a checkpoint is missing or corrupt."""
+
 from __future__ import annotations
 
 import random
@@ -22,9 +23,18 @@ def test_vocabulary_layout(tok):
     assert all(tok.vocab[i] == bytes([i]) for i in range(256))
 
 
-@pytest.mark.parametrize("text", ["", "1+1=2", "中国最高的山是什么？", "猫 追 老鼠 <|eos|>",
-                                  "def f(x):\n    return x\n",
-                                  "emoji 🙂 and é, ß, \t\r\n", "<|bos|>"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "1+1=2",
+        "中国最高的山是什么？",
+        "猫 追 老鼠 <|eos|>",
+        "def f(x):\n    return x\n",
+        "emoji 🙂 and é, ß, \t\r\n",
+        "<|bos|>",
+    ],
+)
 def test_round_trip_examples(tok, text):
     ids = tok.encode(text)
     assert tok.decode(ids) == text
@@ -36,9 +46,19 @@ def test_round_trip_random_utf8(tok):
     for _ in range(300):
         n = rng.randint(0, 60)
         # code points from every plane, surrogates excluded (they are not valid in UTF-8)
-        text = "".join(chr(rng.choice([rng.randint(0x20, 0x7E), rng.randint(0xA0, 0xD7FF),
-                                       rng.randint(0xE000, 0xFFFD), rng.randint(0x10000, 0x10FFFF)]))
-                       for _ in range(n))
+        text = "".join(
+            chr(
+                rng.choice(
+                    [
+                        rng.randint(0x20, 0x7E),
+                        rng.randint(0xA0, 0xD7FF),
+                        rng.randint(0xE000, 0xFFFD),
+                        rng.randint(0x10000, 0x10FFFF),
+                    ]
+                )
+            )
+            for _ in range(n)
+        )
         assert tok.decode(tok.encode(text)) == text
 
 

@@ -2,6 +2,7 @@
 line that says "computing..." while a redraw runs, a text box that wraps only between tokens, and a
 plain-text form (and a saved-notebook stand-in) that tell a reader of the saved notebook how to get the
 sliders."""
+
 import struct
 
 import ipywidgets  # noqa: F401  (a hard requirement: without it the test fails, never skips)

@@ -8,6 +8,7 @@ Modules: runner.py (the command: flags, the order of the groups, the printed tab
 (Row, the result every group returns), one module per group of rows (decode.py, compiled.py, quantized.py,
 speculative.py, llama_cpp.py; chapter 13's rows are helpers/serving/bench.py), report.py (the figures).
 """
+
 from .rows import Row, ratios
 from .runner import main
 

@@ -1,10 +1,11 @@
 """Rows for chapter 07: what each lever of the compiled step buys, the step against its roofline ceiling, and
 16-bit weights or activations against fp32."""
+
 from __future__ import annotations
 
 import torch
 
-from ..measure.timing import decode_step_seconds, median, time_interleaved, timed
+from ..measure.timing import decode_steps_interleaved, median, time_interleaved, timed
 from .quantized import decode_byte_ratio, time_against_compiled
 from .rows import Row, ratios
 
@@ -37,8 +38,9 @@ def rows_compile_levers(model, tok, n_new: int, repeats: int, fast, progress, tu
     if fast.input_major:  # what the default layout buys: the same step with nn.Linear's (out, in) weights
         levers.append(("(out, in) weights, nn.Linear's layout", FastGenerator(model, max_seq_len=S, input_major=False)))
     if fast.static_attention == "sums":  # what the fused attention buys: the same step calling torch's SDPA
-        levers.append(("SDPA in place of fused attention",
-                       FastGenerator(model, max_seq_len=S, static_attention="sdpa")))
+        levers.append(
+            ("SDPA in place of fused attention", FastGenerator(model, max_seq_len=S, static_attention="sdpa"))
+        )
     if tuned is not None:  # the opt-in lever: inductor's own GEMM on prepacked weights, autotuned per product
         levers.append(("inductor's autotuned GEMM (gemm_autotune)", tuned))
     for label, cand in levers:
@@ -46,16 +48,31 @@ def rows_compile_levers(model, tok, n_new: int, repeats: int, fast, progress, tu
         same = torch.equal(cand.generate(prompt, n_new), ref)
         tb, tc = time_interleaved([plain, lambda cand=cand: cand.generate(prompt, n_new)], model.device, repeats)
         progress()
-        rows.append(Row(f"compiled: {label} vs buffer {S}", f"buffer {S}", label, ratios(tb, tc),
-                        f"{median(tb) / n_new * 1e3:.2f} ms/token",
-                        f"{median(tc) / n_new * 1e3:.2f} ms/token", same_output=same,
-                        note=f"{cand.compile_source} in {secs:.0f} s"))
+        rows.append(
+            Row(
+                f"compiled: {label} vs buffer {S}",
+                f"buffer {S}",
+                label,
+                ratios(tb, tc),
+                f"{median(tb) / n_new * 1e3:.2f} ms/token",
+                f"{median(tc) / n_new * 1e3:.2f} ms/token",
+                same_output=same,
+                note=f"{cand.compile_source} in {secs:.0f} s",
+            )
+        )
     cache = KVCache.for_model(model, max_seq_len=S)
     tp, tg = time_interleaved([lambda: prefill(model, prompt, cache), plain], model.device, repeats)
-    rows.append(Row(f"eager prefill ({prompt.shape[1]} tokens) / compiled generation", "generation", "prefill",
-                    [p / g for p, g in zip(tp, tg)], f"{median(tg) * 1e3:.0f} ms",
-                    f"{median(tp) * 1e3:.2f} ms",
-                    note="fraction, not speedup: the most that compiling prefill could save"))
+    rows.append(
+        Row(
+            f"eager prefill ({prompt.shape[1]} tokens) / compiled generation",
+            "generation",
+            "prefill",
+            [p / g for p, g in zip(tp, tg)],
+            f"{median(tg) * 1e3:.0f} ms",
+            f"{median(tp) * 1e3:.2f} ms",
+            note="fraction, not speedup: the most that compiling prefill could save",
+        )
+    )
     return rows
 
 
@@ -87,9 +104,16 @@ def row_compiled_vs_limit(model, tok, n_new: int, repeats: int, fast, progress, 
         limits.append(limit)
     progress()
     note = f"{step_bytes / 1e6:.1f} MB/token; fraction of the limit reached, read roof {roof.where}"
-    return Row(f"{label} vs its roofline ceiling", "ceiling", "compiled", ratios_,
-               f"{median(limits) * 1e3:.2f} ms ceiling", f"{median(measured) * 1e3:.2f} ms/token",
-               target=round(1 / 1.5, 2), note=note)
+    return Row(
+        f"{label} vs its roofline ceiling",
+        "ceiling",
+        "compiled",
+        ratios_,
+        f"{median(limits) * 1e3:.2f} ms ceiling",
+        f"{median(measured) * 1e3:.2f} ms/token",
+        target=round(1 / 1.5, 2),
+        note=note,
+    )
 
 
 def rows_precision(model, big, repeats: int, progress) -> list[Row]:
@@ -102,14 +126,19 @@ def rows_precision(model, big, repeats: int, progress) -> list[Row]:
         return rows
     for label, m in [("course model", model), (f"{big.num_parameters() / 1e6:.0f}M random weights", big)]:
         low = copy.deepcopy(m).to(torch.bfloat16)
-        tb, tc = [], []
-        for _ in range(repeats):
-            tb.append(decode_step_seconds(m))
-            tc.append(decode_step_seconds(low))
+        tb, tc = decode_steps_interleaved([m, low], repeats)
         progress()
-        rows.append(Row(f"bf16 vs fp32 decode step, {label}", "fp32", "bf16", ratios(tb, tc),
-                        f"{median(tb) * 1e3:.2f} ms", f"{median(tc) * 1e3:.2f} ms",
-                        note=f"CPU capability {torch.backends.cpu.get_cpu_capability()}: the kernels decide"))
+        rows.append(
+            Row(
+                f"bf16 vs fp32 decode step, {label}",
+                "fp32",
+                "bf16",
+                ratios(tb, tc),
+                f"{median(tb) * 1e3:.2f} ms",
+                f"{median(tc) * 1e3:.2f} ms",
+                note=f"CPU capability {torch.backends.cpu.get_cpu_capability()}: the kernels decide",
+            )
+        )
         del low
     return rows
 
@@ -133,11 +162,18 @@ def rows_precision_compiled(model, big, repeats: int, progress) -> list[Row]:
             qm = quantize_model(m, method)
             tb, tc, secs, source = time_against_compiled(base, qm, repeats, n_steps, context)
             bound = decode_byte_ratio(m, qm, context + n_steps // 2)
-            rows.append(Row(f"{method} weights, fp32 arithmetic, compiled vs fp32 compiled, {label}", "fp32 compiled",
-                            f"{method} weights", ratios(tb, tc), f"{median(tb) * 1e3:.2f} ms",
-                            f"{median(tc) * 1e3:.2f} ms", target=1.0,
-                            note=f"byte ratio {bound:.2f}x; {source} in {secs:.0f} s"))
+            rows.append(
+                Row(
+                    f"{method} weights, fp32 arithmetic, compiled vs fp32 compiled, {label}",
+                    "fp32 compiled",
+                    f"{method} weights",
+                    ratios(tb, tc),
+                    f"{median(tb) * 1e3:.2f} ms",
+                    f"{median(tc) * 1e3:.2f} ms",
+                    target=1.0,
+                    note=f"byte ratio {bound:.2f}x; {source} in {secs:.0f} s",
+                )
+            )
             del qm
         progress()
     return rows
-

@@ -1,4 +1,5 @@
 """Rows for chapters 04-05: the KV cache against recomputing, and our loops against transformers' generate."""
+
 from __future__ import annotations
 
 import torch
@@ -27,8 +28,9 @@ def per_token_times(model, prompt_ids, n_new: int, use_cache: bool) -> list[floa
     def append_greedy(s, logits):  # (1, T), (1, V) -> (1, T + 1)
         return torch.cat([s, logits.argmax(-1, keepdim=True)], dim=1)
 
-    return step_seconds(lambda s: model(s, last_only=True, check=False)[:, -1], seq, n_new, device,
-                        advance=append_greedy)
+    return step_seconds(
+        lambda s: model(s, last_only=True, check=False)[:, -1], seq, n_new, device, advance=append_greedy
+    )
 
 
 def row_cache_vs_recompute(model, tok, n_new: int, repeats: int, progress) -> tuple[Row, dict]:
@@ -43,12 +45,18 @@ def row_cache_vs_recompute(model, tok, n_new: int, repeats: int, progress) -> tu
     tc = [sum(r) for r in cached_runs]
     k = min(64, n_new // 4)
     cached_med = [median(x) for x in zip(*cached_runs)]
-    growth = median(cached_med[-k:]) / median(cached_med[1:k + 1])
-    row = Row(f"KV cache vs recompute, {n_new} tokens", "recompute", "KV cache", ratios(tb, tc),
-              f"{n_new / median(tb):.0f} tok/s", f"{n_new / median(tc):.0f} tok/s",
-              target=15.0 if n_new >= 1000 else None,
-              note=f"cached per-token time, last {k} / first {k}: {growth:.2f}x (goal <= 1.5)",
-              extra={"cached_growth": growth})
+    growth = median(cached_med[-k:]) / median(cached_med[1 : k + 1])
+    row = Row(
+        f"KV cache vs recompute, {n_new} tokens",
+        "recompute",
+        "KV cache",
+        ratios(tb, tc),
+        f"{n_new / median(tb):.0f} tok/s",
+        f"{n_new / median(tc):.0f} tok/s",
+        target=15.0 if n_new >= 1000 else None,
+        note=f"cached per-token time, last {k} / first {k}: {growth:.2f}x (goal <= 1.5)",
+        extra={"cached_growth": growth},
+    )
     curves = {"cached": cached_med, "uncached": [median(x) for x in zip(*uncached_runs)]}
     return row, curves
 
@@ -75,8 +83,17 @@ def row_vs_transformers(model, tok, n_new: int, repeats: int, fast, progress) ->
         same = torch.equal(fn(), ref)
         tb, tc = time_interleaved([theirs, fn], model.device, repeats)
         progress()
-        rows.append(Row(f"{label} vs transformers generate", "HF generate", label, ratios(tb, tc),
-                        f"{n_new / median(tb):.0f} tok/s", f"{n_new / median(tc):.0f} tok/s",
-                        target=3.0, same_output=same, note=f"{n_new} greedy tokens"))
+        rows.append(
+            Row(
+                f"{label} vs transformers generate",
+                "HF generate",
+                label,
+                ratios(tb, tc),
+                f"{n_new / median(tb):.0f} tok/s",
+                f"{n_new / median(tc):.0f} tok/s",
+                target=3.0,
+                same_output=same,
+                note=f"{n_new} greedy tokens",
+            )
+        )
     return rows
-

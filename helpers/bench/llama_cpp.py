@@ -19,6 +19,7 @@ same held-out windows of text: bits per byte and top-1 agreement with our fp32 l
 Left out: llama.cpp's other quantization types (k-quants, i-quants), batch > 1, GPU offload, and llama.cpp's
 own threading options beyond the thread count.
 """
+
 from __future__ import annotations
 
 import copy
@@ -35,8 +36,12 @@ from ..measure.timing import median, time_interleaved
 from .rows import Row, ratios
 
 # our format -> (quantize_model method or None, kernel, llama.cpp file type)
-FORMATS = {"fp32": (None, None, "f32"), "bf16 weights": ("bf16", "fused_dequant", "f16"),
-           "int8": ("int8", "fused_dequant", "q8_0"), "int4": ("int4", "int4pack", "q4_0")}
+FORMATS = {
+    "fp32": (None, None, "f32"),
+    "bf16 weights": ("bf16", "fused_dequant", "f16"),
+    "int8": ("int8", "fused_dequant", "q8_0"),
+    "int4": ("int4", "int4pack", "q4_0"),
+}
 TARGETS = {"fp32": 1.0, "bf16 weights": 1.0, "int8": 1.0, "int4": 1.0}  # issue 35: at least llama.cpp's speed
 PREFILL_TARGET = 0.8
 
@@ -72,9 +77,18 @@ def open_llama(path, n_ctx: int, logits_all: bool = False):
     import llama_cpp
 
     threads = torch.get_num_threads()
-    return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=threads,
-                           n_threads_batch=threads, logits_all=logits_all, type_k=llama_cpp.GGML_TYPE_F32,
-                           type_v=llama_cpp.GGML_TYPE_F32, verbose=False)
+    return llama_cpp.Llama(
+        model_path=str(path),
+        n_ctx=n_ctx,
+        n_batch=512,
+        n_ubatch=512,
+        n_threads=threads,
+        n_threads_batch=threads,
+        logits_all=logits_all,
+        type_k=llama_cpp.GGML_TYPE_F32,
+        type_v=llama_cpp.GGML_TYPE_F32,
+        verbose=False,
+    )
 
 
 def llama_greedy(llm, prompt_ids: list[int], n_new: int) -> list[int]:
@@ -100,6 +114,7 @@ def our_variant(model, fmt: str):
 @dataclass
 class Quality:
     """Bits per byte on the held-out windows, and top-1 agreement with our fp32 logits."""
+
     bits_per_byte: float
     top1_agreement: float
 
@@ -136,7 +151,8 @@ def llama_logits_fn(llm):
     def logits(ids):  # (T,) -> (T, V): every position's logits (the Llama was opened with logits_all)
         llm.reset()
         llm.eval(ids)
-        return torch.from_numpy(np.asarray(llm.scores[:len(ids)], dtype=np.float32))
+        return torch.from_numpy(np.asarray(llm.scores[: len(ids)], dtype=np.float32))
+
     return logits
 
 
@@ -144,11 +160,21 @@ def our_logits_fn(model):
     @torch.no_grad()
     def logits(ids):
         return model(torch.tensor([ids], device=model.device))[0].cpu()  # (T, V)
+
     return logits
 
 
-def rows_same_weights(model, tok, label: str, n_new: int, repeats: int, progress, prefill_tokens: int = 512,
-                      quality_windows: int = 0, compile: bool = True) -> tuple[list[Row], list[str]]:
+def rows_same_weights(
+    model,
+    tok,
+    label: str,
+    n_new: int,
+    repeats: int,
+    progress,
+    prefill_tokens: int = 512,
+    quality_windows: int = 0,
+    compile: bool = True,
+) -> tuple[list[Row], list[str]]:
     """Every format of ours against llama.cpp's on the same weights: a decode row and a prefill row per format,
     and (quality_windows > 0) a quality line per format for both engines. Our decode is FastGenerator's
     default step (compile=False: the same static step, eager). Returns (rows, lines); without
@@ -167,7 +193,7 @@ def rows_same_weights(model, tok, label: str, n_new: int, repeats: int, progress
     device = model.device
     prompt_ids = tok.encode("def main():\n", bos=True)
     prompt = torch.tensor([prompt_ids], device=device)
-    long_ids = (held_out_windows(tok, 1, prefill_tokens)[0][:prefill_tokens] if prefill_tokens else [])
+    long_ids = held_out_windows(tok, 1, prefill_tokens)[0][:prefill_tokens] if prefill_tokens else []
     long = torch.tensor([long_ids], device=device)
     ceiling = forward_flops(model.cfg, prefill_tokens, all_logits=False) / calibrate(device.type).peak_flops
     ws = held_out_windows(tok, quality_windows) if quality_windows else []
@@ -183,17 +209,29 @@ def rows_same_weights(model, tok, label: str, n_new: int, repeats: int, progress
             fast = FastGenerator(ours, max_seq_len=S, compile=compile)
             secs = fast.warmup()
             llm = open_llama(paths[file_type], n_ctx)
-            mine = fast.generate(prompt, n_new)[0, len(prompt_ids):].tolist()
+            mine = fast.generate(prompt, n_new)[0, len(prompt_ids) :].tolist()
             same = llama_greedy(llm, prompt_ids, n_new) == mine
-            tb, tc = time_interleaved([lambda llm=llm: llama_greedy(llm, prompt_ids, n_new),
-                                       lambda fast=fast: fast.generate(prompt, n_new)], device, repeats)
+            tb, tc = time_interleaved(
+                [lambda llm=llm: llama_greedy(llm, prompt_ids, n_new), lambda fast=fast: fast.generate(prompt, n_new)],
+                device,
+                repeats,
+            )
             size = paths[file_type].stat().st_size / 1e6
             kind = f"{fmt}" + (f" ({kernel})" if kernel else "")
-            rows.append(Row(f"{label}: ours {kind} decode vs llama.cpp {file_type}", f"llama.cpp {file_type}",
-                            f"ours {fmt}", ratios(tb, tc), f"{n_new / median(tb):.0f} tok/s",
-                            f"{n_new / median(tc):.0f} tok/s", target=TARGETS[fmt], same_output=same,
-                            note=f"{n_new} greedy tokens; GGUF {size:.0f} MB; ours {fast.compile_source} "
-                                 f"in {secs:.0f} s; llama-cpp-python {llama_cpp.__version__}"))
+            rows.append(
+                Row(
+                    f"{label}: ours {kind} decode vs llama.cpp {file_type}",
+                    f"llama.cpp {file_type}",
+                    f"ours {fmt}",
+                    ratios(tb, tc),
+                    f"{n_new / median(tb):.0f} tok/s",
+                    f"{n_new / median(tc):.0f} tok/s",
+                    target=TARGETS[fmt],
+                    same_output=same,
+                    note=f"{n_new} greedy tokens; GGUF {size:.0f} MB; ours {fast.compile_source} "
+                    f"in {secs:.0f} s; llama-cpp-python {llama_cpp.__version__}",
+                )
+            )
             del fast
             progress()
             if prefill_tokens:
@@ -208,11 +246,19 @@ def rows_same_weights(model, tok, label: str, n_new: int, repeats: int, progress
 
                 with torch.no_grad():
                     tb, tc = time_interleaved([theirs_prefill, ours_prefill], device, max(2, repeats // 2))
-                rows.append(Row(f"{label}: ours {fmt} prefill {prefill_tokens} vs llama.cpp {file_type}",
-                                f"llama.cpp {file_type}", f"ours {fmt}", ratios(tb, tc),
-                                f"{median(tb) * 1e3:.0f} ms", f"{median(tc) * 1e3:.0f} ms", target=PREFILL_TARGET,
-                                note=f"compute ceiling {ceiling * 1e3:.0f} ms (matmul FLOPs / calibrated peak): "
-                                     f"ours at {ceiling / median(tc):.2f}, llama.cpp at {ceiling / median(tb):.2f}"))
+                rows.append(
+                    Row(
+                        f"{label}: ours {fmt} prefill {prefill_tokens} vs llama.cpp {file_type}",
+                        f"llama.cpp {file_type}",
+                        f"ours {fmt}",
+                        ratios(tb, tc),
+                        f"{median(tb) * 1e3:.0f} ms",
+                        f"{median(tc) * 1e3:.0f} ms",
+                        target=PREFILL_TARGET,
+                        note=f"compute ceiling {ceiling * 1e3:.0f} ms (matmul FLOPs / calibrated peak): "
+                        f"ours at {ceiling / median(tc):.2f}, llama.cpp at {ceiling / median(tb):.2f}",
+                    )
+                )
                 progress()
             del llm
             if ws:
@@ -221,10 +267,12 @@ def rows_same_weights(model, tok, label: str, n_new: int, repeats: int, progress
                 scorer = open_llama(paths[file_type], len(ws[0]) + 8, logits_all=True)
                 q_theirs, _ = quality_of(llama_logits_fn(scorer), ws, byte_lengths, ref_top)
                 del scorer
-                lines.append(f"{label}, {len(ws)} held-out windows of {len(ws[0]) - 1} tokens: ours {fmt} "
-                             f"{q_ours.bits_per_byte:.4f} bits/byte, top-1 agreement with our fp32 "
-                             f"{q_ours.top1_agreement:.1%}; llama.cpp {file_type} {q_theirs.bits_per_byte:.4f} "
-                             f"bits/byte, {q_theirs.top1_agreement:.1%}")
+                lines.append(
+                    f"{label}, {len(ws)} held-out windows of {len(ws[0]) - 1} tokens: ours {fmt} "
+                    f"{q_ours.bits_per_byte:.4f} bits/byte, top-1 agreement with our fp32 "
+                    f"{q_ours.top1_agreement:.1%}; llama.cpp {file_type} {q_theirs.bits_per_byte:.4f} "
+                    f"bits/byte, {q_theirs.top1_agreement:.1%}"
+                )
                 progress()
             del ours
     return rows, lines

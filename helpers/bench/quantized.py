@@ -1,10 +1,11 @@
 """Rows for chapter 11 and the memory roof: weight-only int8 / int4 against fp32 (eager and compiled), their
 quality on held-out text, and the decode bandwidth of the 149M random-weight model."""
+
 from __future__ import annotations
 
 import torch
 
-from ..measure.timing import compiled_step_seconds, decode_step_seconds, median
+from ..measure.timing import compiled_step_seconds, decode_step_seconds, decode_steps_interleaved, median
 from .rows import Row, ratios
 
 
@@ -36,12 +37,19 @@ def rows_decode_bandwidth(model, repeats: int, progress, fast=None) -> list[Row]
             step_runs.append(seconds())
         progress()
         achieved = [bytes_per_token / s for s in step_runs]
-        rows.append(Row(f"decode bandwidth, {label}, {matmul_parameters(cfg) / 1e6:.0f}M random weights",
-                        f"read-only {roof.where}", "decode", [a / b for a, b in zip(achieved, bw_runs)],
-                        f"{median(bw_runs) / 1e9:.1f} GB/s read", f"{median(achieved) / 1e9:.1f} GB/s decode",
-                        target=0.85 if label == "compiled step" else None,
-                        note=f"{bytes_per_token / 1e6:.0f} MB read per token, {median(step_runs) * 1e3:.1f} "
-                             f"ms/token (fraction of the read roof, not speedup)"))
+        rows.append(
+            Row(
+                f"decode bandwidth, {label}, {matmul_parameters(cfg) / 1e6:.0f}M random weights",
+                f"read-only {roof.where}",
+                "decode",
+                [a / b for a, b in zip(achieved, bw_runs)],
+                f"{median(bw_runs) / 1e9:.1f} GB/s read",
+                f"{median(achieved) / 1e9:.1f} GB/s decode",
+                target=0.85 if label == "compiled step" else None,
+                note=f"{bytes_per_token / 1e6:.0f} MB read per token, {median(step_runs) * 1e3:.1f} "
+                f"ms/token (fraction of the read roof, not speedup)",
+            )
+        )
     return rows
 
 
@@ -56,14 +64,13 @@ def rows_quantized(model, repeats: int, progress) -> list[Row]:
     rows = []
     for label, method, kernel, target in variants:
         qmodel = quantize_model(model, method, group_size=64, kernel=kernel)
-        tb, tc = [], []
-        for _ in range(repeats):
-            tb.append(decode_step_seconds(model))
-            tc.append(decode_step_seconds(qmodel))
+        tb, tc = decode_steps_interleaved([model, qmodel], repeats)
         progress()
-        rows.append(Row(f"{label} vs {base_name}, batch-1 decode", base_name, label, ratios(tb, tc),
-                        f"{1 / median(tb):.1f} tok/s", f"{1 / median(tc):.1f} tok/s",
-                        target=target, note=f"{model.num_parameters() / 1e6:.0f}M random weights"))
+        shown = [f"{1 / median(t):.1f} tok/s" for t in (tb, tc)]  # each side's median rate, one format
+        note = f"{model.num_parameters() / 1e6:.0f}M random weights"
+        rows.append(
+            Row(f"{label} vs {base_name}, batch-1 decode", base_name, label, ratios(tb, tc), *shown, target, note)
+        )
         del qmodel
     return rows
 
@@ -117,11 +124,19 @@ def rows_quantized_compiled(model, repeats: int, progress) -> list[Row]:
         bound = decode_byte_ratio(model, qmodel, context + n_steps // 2)
         progress()
         label = f"{method} weight-only" + (", group 64" if method == "int4" else "")
-        rows.append(Row(f"{label} compiled ({kernel}) vs {base_name} compiled, batch-1 decode", f"{base_name} compiled",
-                        f"{method} {kernel}", ratios(tb, tc), f"{median(tb) * 1e3:.1f} ms",
-                        f"{median(tc) * 1e3:.1f} ms", target=round(bound / 2, 2),
-                        note=f"byte ratio {bound:.2f}x; {source} in {secs:.0f} s; "
-                             f"{model.num_parameters() / 1e6:.0f}M random weights"))
+        rows.append(
+            Row(
+                f"{label} compiled ({kernel}) vs {base_name} compiled, batch-1 decode",
+                f"{base_name} compiled",
+                f"{method} {kernel}",
+                ratios(tb, tc),
+                f"{median(tb) * 1e3:.1f} ms",
+                f"{median(tc) * 1e3:.1f} ms",
+                target=round(bound / 2, 2),
+                note=f"byte ratio {bound:.2f}x; {source} in {secs:.0f} s; "
+                f"{model.num_parameters() / 1e6:.0f}M random weights",
+            )
+        )
         del qmodel
     return rows
 
@@ -145,4 +160,3 @@ def quantized_quality(model, tok, n_windows: int = 8) -> str:
             agree = (q(x[:, :-1]).argmax(-1) == top_ref).float().mean().item()
         parts.append(f"{method} {bpb - ref:+.4f} bits/byte, top-1 agreement {agree:.1%}")
     return "; ".join(parts)
-

@@ -1,4 +1,5 @@
 """The bench's figures: every row's ratio against its target, and per-token time with and without the KV cache."""
+
 from __future__ import annotations
 
 from .rows import Row
@@ -28,7 +29,11 @@ def plot(rows: list[Row], curves: dict | None, device_name: str) -> None:
         fig, ax = plt.subplots()
         for label, ys in curves.items():
             ax.plot(range(1, len(ys) + 1), [y * 1e3 for y in ys], label=label)
-        ax.set(yscale="log", xlabel="generated token", ylabel="ms per token (median)",
-               title=f"Per-token time with and without the KV cache ({device_name})")
+        ax.set(
+            yscale="log",
+            xlabel="generated token",
+            ylabel="ms per token (median)",
+            title=f"Per-token time with and without the KV cache ({device_name})",
+        )
         ax.legend()
         save_figure(fig, "bench_cache_latency", show=False)

@@ -1,4 +1,5 @@
 """The row every group of the bench returns: a candidate timed against its baseline, interleaved."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -31,14 +32,15 @@ class Row:
         if self.target is not None:
             goal = f">= {self.target:g}x " + ("met" if self.median >= self.target else "MISSED")
         same = "" if self.same_output is None else ("same tokens" if self.same_output else "DIFFERENT TOKENS")
-        return (f"{self.name:46s} {self.median:6.2f}x [{lo:.2f}-{hi:.2f}]  {self.baseline_abs:>16s} -> "
-                f"{self.candidate_abs:<16s} {goal:14s} {same} {self.note}")
+        return (
+            f"{self.name:46s} {self.median:6.2f}x [{lo:.2f}-{hi:.2f}]  {self.baseline_abs:>16s} -> "
+            f"{self.candidate_abs:<16s} {goal:14s} {same} {self.note}"
+        )
 
 
 def ratios(tb, tc):
     """baseline time / candidate time, one per interleaved repeat."""
     return [b / c for b, c in zip(tb, tc)]
-
 
 
 def random_model(preset: str, device, dtype):
@@ -47,7 +49,6 @@ def random_model(preset: str, device, dtype):
 
     torch.manual_seed(0)
     return Transformer(ModelConfig.from_preset(preset)).to(device=device, dtype=dtype).eval()
-
 
 
 def device_description(device) -> str:

@@ -26,6 +26,7 @@ requirements-ci.txt`: it builds llama.cpp from source, about 10-12 minutes on 2 
 Rows for chapter 13 come from helpers/serving/bench.py (continuous vs sequential and
 static batching, KV utilisation, prefix caching, chunked prefill).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,17 @@ from .rows import Row, device_description, random_model
 from .speculative import rows_speculative, rows_speculative_compiled
 
 # the groups of rows, in the order they run (`--rows` picks some)
-GROUPS = ("cache", "transformers", "compiled", "llama-cpp", "precision", "speculative", "quantized", "bandwidth",
-          "serving")
+GROUPS = (
+    "cache",
+    "transformers",
+    "compiled",
+    "llama-cpp",
+    "precision",
+    "speculative",
+    "quantized",
+    "bandwidth",
+    "serving",
+)
 
 
 def parse_args(argv=None):
@@ -57,8 +67,11 @@ def parse_args(argv=None):
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows")
     ap.add_argument("--big-preset", default="bench-150m", help="random-weight config for the memory-bound rows")
-    ap.add_argument("--rows", default=",".join(GROUPS),
-                    help=f"comma-separated groups of rows to run (default: all): {', '.join(GROUPS)}")
+    ap.add_argument(
+        "--rows",
+        default=",".join(GROUPS),
+        help=f"comma-separated groups of rows to run (default: all): {', '.join(GROUPS)}",
+    )
     args = ap.parse_args(argv)
     args.groups = [g.strip() for g in args.rows.split(",") if g.strip()]
     unknown = [g for g in args.groups if g not in GROUPS]
@@ -123,16 +136,24 @@ def main(argv=None):
         rows += rows_compile_levers(model, tok, n_hf, repeats, fast, tick, tuned=tuned)
         rows.append(row_compiled_vs_limit(model, tok, n_hf, repeats, fast, tick))
         if tuned is not None:
-            rows.append(row_compiled_vs_limit(model, tok, n_hf, repeats, tuned, tick,
-                                              label="compiled step, autotuned GEMM"))
+            rows.append(
+                row_compiled_vs_limit(model, tok, n_hf, repeats, tuned, tick, label="compiled step, autotuned GEMM")
+            )
     if "compiled" in groups:
         done("compiled")
     if "llama-cpp" in groups:  # every format against llama.cpp's on the same weights
         n_llama = 64 if quick else 128
         for label, m, windows in (("course model", model, 2 if quick else 4), (f"{args.big_preset} random", big, 0)):
-            more_rows, lines = rows_same_weights(m, tok, label, n_llama if m is model else n_llama // 4,
-                                                 repeats if m is model else 3, tick, quality_windows=windows,
-                                                 compile=not args.no_compile)
+            more_rows, lines = rows_same_weights(
+                m,
+                tok,
+                label,
+                n_llama if m is model else n_llama // 4,
+                repeats if m is model else 3,
+                tick,
+                quality_windows=windows,
+                compile=not args.no_compile,
+            )
             rows += more_rows
             notes += [line for line in lines if line not in notes]
         done("llama-cpp")
@@ -146,8 +167,17 @@ def main(argv=None):
         if fast is not None:  # the same prompts, compiled draft and verify steps against the compiled plain loop
             rows += rows_speculative_compiled(model, draft, tok, n_spec, 2 if quick else 3, fast, tick)
             if tuned is not None:  # the same rounds on autotuned generators, against the autotuned plain step
-                rows += rows_speculative_compiled(model, draft, tok, n_spec, 2 if quick else 3, tuned, tick,
-                                                  label=" (autotuned GEMM)", fused_only=True)
+                rows += rows_speculative_compiled(
+                    model,
+                    draft,
+                    tok,
+                    n_spec,
+                    2 if quick else 3,
+                    tuned,
+                    tick,
+                    label=" (autotuned GEMM)",
+                    fused_only=True,
+                )
         done("speculative")
     if "quantized" in groups:
         rows += rows_quantized(big, 3 if quick else 5, tick)
@@ -166,8 +196,10 @@ def main(argv=None):
         done("serving")
     bar.close()
 
-    print(f"\nhelpers.bench on {name}, {started}, torch {torch.__version__}, dtype {dtype}, {compile_note}"
-          f"{' (quick)' if quick else ''}")
+    print(
+        f"\nhelpers.bench on {name}, {started}, torch {torch.__version__}, dtype {dtype}, {compile_note}"
+        f"{' (quick)' if quick else ''}"
+    )
     print(f"calibration: {cal.summary()}")
     print(f"{'row':46s} {'ratio':>7s} {'[min-max]':11s} {'baseline':>16s} -> {'candidate':<16s} target")
     for r in rows:
@@ -179,9 +211,19 @@ def main(argv=None):
     figures = figures_dir()
     figures.mkdir(parents=True, exist_ok=True)
     plot(rows, curves, name)
-    results = {"device": name, "cpu": cal.cpu, "date": started, "calibration": cal.summary(),
-               "torch": torch.__version__, "dtype": str(dtype), "quick": quick, "groups": sorted(groups),
-               "compile": compile_note, "quantization_quality": quality, "notes": notes,
-               "rows": [asdict(r) | {"median": r.median} for r in rows]}
+    results = {
+        "device": name,
+        "cpu": cal.cpu,
+        "date": started,
+        "calibration": cal.summary(),
+        "torch": torch.__version__,
+        "dtype": str(dtype),
+        "quick": quick,
+        "groups": sorted(groups),
+        "compile": compile_note,
+        "quantization_quality": quality,
+        "notes": notes,
+        "rows": [asdict(r) | {"median": r.median} for r in rows],
+    }
     (figures / "bench_results.json").write_text(json.dumps(results, indent=1) + "\n")
     print(f"wrote {figures / 'bench_summary.png'}, bench_cache_latency.png, bench_results.json")

@@ -1,5 +1,6 @@
 """Rows for chapter 12: speculative decoding (draft model, prompt lookup), eager and compiled, against plain
 decoding."""
+
 from __future__ import annotations
 
 from functools import partial
@@ -8,6 +9,20 @@ import torch
 
 from ..measure.timing import median, time_interleaved, timed
 from .rows import Row, ratios
+
+
+def row_against_plain(name, baseline, candidate, tb, tc, n_prompts, n_new, target, same_output, **fields) -> Row:
+    """A row of speculative decoding against plain decoding from their interleaved times (tb, tc: one per
+    generation of n_new tokens, n_prompts per repeat): one ratio per repeat, of its prompts' total times, and
+    each side's throughput in tokens/s."""
+    tok_s = [f"{n_new * len(t) / sum(t):.0f} tok/s" for t in (tb, tc)]
+    pairs = repeat_ratios(tb, tc, n_prompts)
+    return Row(name, baseline, candidate, pairs, *tok_s, target=target, same_output=same_output, **fields)
+
+
+def repeat_ratios(tb, tc, n_prompts) -> list[float]:
+    """One ratio per repeat: its n_prompts baseline times over its candidate times."""
+    return [sum(tb[i : i + n_prompts]) / sum(tc[i : i + n_prompts]) for i in range(0, len(tb), n_prompts)]
 
 
 def rows_speculative(target, draft, tok, n_new: int, repeats: int, progress) -> list[Row]:
@@ -33,9 +48,11 @@ def rows_speculative(target, draft, tok, n_new: int, repeats: int, progress) -> 
         stats[label] = stats.get(label, SpeculativeStats()).merge(st)
         return out
 
-    for label, temperature, target_ratio in [("speculative, draft model, greedy", 0.0, 2.0),
-                                             ("speculative, draft model, T=1", 1.0, 1.3),
-                                             ("speculative, prompt lookup, greedy", 0.0, None)]:
+    for label, temperature, target_ratio in [
+        ("speculative, draft model, greedy", 0.0, 2.0),
+        ("speculative, draft model, T=1", 1.0, 1.3),
+        ("speculative, prompt lookup, greedy", 0.0, None),
+    ]:
         tb, tc, same = [], [], True
         for r in range(repeats):
             for p in prompts:
@@ -47,14 +64,13 @@ def rows_speculative(target, draft, tok, n_new: int, repeats: int, progress) -> 
                 if temperature == 0:
                     same &= torch.equal(out_b, out_c)
         progress()
-        pairs = [sum(tb[i:i + len(prompts)]) / sum(tc[i:i + len(prompts)]) for i in range(0, len(tb), len(prompts))]
         note = "" if temperature == 0 else "distribution: tests/test_speculative.py"
         if label in stats:  # draft-model rows: how often the draft was right
             st = stats[label]
             note = f"alpha {st.acceptance_rate:.2f}, {st.tokens_per_target_call:.2f} tokens/target call " + note
-        rows.append(Row(label + " vs plain", "plain cached", "speculative", pairs,
-                        f"{n_new * len(tb) / sum(tb):.0f} tok/s", f"{n_new * len(tc) / sum(tc):.0f} tok/s",
-                        target=target_ratio, same_output=same if temperature == 0 else None, note=note.strip()))
+        same_out = same if temperature == 0 else None
+        names = (label + " vs plain", "plain cached", "speculative")
+        rows.append(row_against_plain(*names, tb, tc, len(prompts), n_new, target_ratio, same_out, note=note.strip()))
 
     # the premise: one target pass over gamma + 1 tokens vs one single-token step, at position 64..
     ids = torch.tensor([prompts[0]], device=target.device)
@@ -65,21 +81,39 @@ def rows_speculative(target, draft, tok, n_new: int, repeats: int, progress) -> 
         def run():
             cache.truncate(ids.shape[1])
             target(nxt[:, :T], cache=cache, check=False)
+
         return run
 
     with torch.inference_mode():
         target(ids, cache=cache)
         tb, tc = time_interleaved([step(DEFAULT_GAMMA + 1), step(1)], target.device, 30 * repeats, warmup=5)
-    rows.append(Row(f"cost of a {DEFAULT_GAMMA + 1}-token verify pass / 1 step", f"{DEFAULT_GAMMA + 1} tokens",
-                    "1 token", ratios(tb, tc), f"{median(tb) * 1e3:.2f} ms",
-                    f"{median(tc) * 1e3:.2f} ms",
-                    note="speculation pays when this is near 1 (memory-bound decode)"))
+    rows.append(
+        Row(
+            f"cost of a {DEFAULT_GAMMA + 1}-token verify pass / 1 step",
+            f"{DEFAULT_GAMMA + 1} tokens",
+            "1 token",
+            ratios(tb, tc),
+            f"{median(tb) * 1e3:.2f} ms",
+            f"{median(tc) * 1e3:.2f} ms",
+            note="speculation pays when this is near 1 (memory-bound decode)",
+        )
+    )
     return rows
 
 
-def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast, progress,
-                              gamma: int | None = None, sampled_gamma: int | None = None, label: str = "",
-                              fused_only: bool = False) -> list[Row]:
+def rows_speculative_compiled(
+    target,
+    draft,
+    tok,
+    n_new: int,
+    repeats: int,
+    fast,
+    progress,
+    gamma: int | None = None,
+    sampled_gamma: int | None = None,
+    label: str = "",
+    fused_only: bool = False,
+) -> list[Row]:
     """Speculative decoding with compiled draft and verify steps (FastGenerators, helpers.speculative) against
     plain compiled decoding (`fast`, the same generator as the target's), on rows_speculative's prompts:
     greedy and T=1, each with every round one compiled graph (the default) and with the models called one
@@ -117,13 +151,16 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
     lengths = sorted({len(p) for p in prompts})
     warmup_speculative(fast, fast_draft, gamma, prompt_lengths=lengths)
     warmup_speculative(fast, fast_draft, sampled_gamma, temperature=1.0, prompt_lengths=lengths)
-    rounds = {0.0: fused_rounds(fast, fast_draft, gamma, sampled=False),
-              1.0: fused_rounds(fast, fast_draft, sampled_gamma, sampled=True)}
+    rounds = {
+        0.0: fused_rounds(fast, fast_draft, gamma, sampled=False),
+        1.0: fused_rounds(fast, fast_draft, sampled_gamma, sampled=True),
+    }
     secs = {t: r.compile_seconds if r is not None else 0.0 for t, r in rounds.items()}
     gammas = sorted({gamma, sampled_gamma})
     compiled = all(g + 1 in fast.compiled_token_counts for g in gammas) and 2 in fast_draft.compiled_token_counts
-    verify_note = ", ".join(f"{g + 1}-token verify graph {fast.compile_seconds_by_tokens.get(g + 1, 0):.0f} s"
-                            for g in gammas)
+    verify_note = ", ".join(
+        f"{g + 1}-token verify graph {fast.compile_seconds_by_tokens.get(g + 1, 0):.0f} s" for g in gammas
+    )
 
     def compile_note(temperature):
         if not compiled:
@@ -148,13 +185,13 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
         for g in gammas:
             verify_times[g] = time_interleaved([step(g + 1), step(1)], target.device, **warm)
         # and what a draft proposal costs next to a target step: gamma of them per round
-        td, t1 = time_interleaved([lambda: fast_draft.forward(tokens[1], positions[1]), step(1)], target.device,
-                                  **warm)
+        td, t1 = time_interleaved([lambda: fast_draft.forward(tokens[1], positions[1]), step(1)], target.device, **warm)
         # a whole round as one graph (gamma draft steps inside it, then the verify pass), where it compiled, is
         # timed in the rows' own time window (below): on a shared machine a cost timed minutes apart from the
         # generations it bounds can be off by more than the gap being measured
-        round_calls = {t: fused_round_call(fast, fast_draft, g, T0, sampled=t > 0)
-                       for t, g in ((0.0, gamma), (1.0, sampled_gamma))}
+        round_calls = {
+            t: fused_round_call(fast, fast_draft, g, T0, sampled=t > 0) for t, g in ((0.0, gamma), (1.0, sampled_gamma))
+        }
         # each generation's prefill, in target steps: plain compiled decoding's (eager, FastGenerator.generate's)
         # and the speculative one's (both models, one compiled graph where it compiled, else each eagerly)
         prompt0 = torch.tensor([prompts[0]], device=target.device)  # (1, T0)
@@ -162,25 +199,40 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
 
         def eager_prefill(gen, ids):
             return lambda: prefill(gen.decode_model, ids, gen.cache)
-        spec_prefill = ((lambda: both(prompt0[:, :-1])) if both is not None else
-                        lambda: (eager_prefill(fast, prompt0[:, :-1])(), eager_prefill(fast_draft, prompt0[:, :-1])()))
-        tp, tq, ts = time_interleaved([eager_prefill(fast, prompt0), spec_prefill, step(1)], target.device,
-                                      repeats=2 * repeats, warmup=2, block=3)
+
+        spec_prefill = (
+            (lambda: both(prompt0[:, :-1]))
+            if both is not None
+            else lambda: (eager_prefill(fast, prompt0[:, :-1])(), eager_prefill(fast_draft, prompt0[:, :-1])())
+        )
+        tp, tq, ts = time_interleaved(
+            [eager_prefill(fast, prompt0), spec_prefill, step(1)], target.device, repeats=2 * repeats, warmup=2, block=3
+        )
         p_plain, p_spec = median(tp) / median(ts), median(tq) / median(ts)
     v = {g: median(tv) / median(t) for g, (tv, t) in verify_times.items()}
     c = median(td) / median(t1)
 
     rows, stats = [], {}
-    variants = [("greedy", 0.0, gamma, True, 2.0), ("greedy, models called one at a time", 0.0, gamma, False, None),
-                ("T=1", 1.0, sampled_gamma, True, 1.3),
-                ("T=1, models called one at a time", 1.0, sampled_gamma, False, None)]
+    variants = [
+        ("greedy", 0.0, gamma, True, 2.0),
+        ("greedy, models called one at a time", 0.0, gamma, False, None),
+        ("T=1", 1.0, sampled_gamma, True, 1.3),
+        ("T=1, models called one at a time", 1.0, sampled_gamma, False, None),
+    ]
     if fused_only:
         variants = [v for v in variants if v[3]]
     for name, temperature, g, fuse, target_ratio in variants:
         tb, tc, same, round_times, step_times = [], [], True, [], []
         plain = partial(fast.generate, max_new_tokens=n_new, temperature=temperature)
-        spec = partial(speculative_generate, fast, fast_draft, max_new_tokens=n_new, gamma=g, temperature=temperature,
-                       fuse_rounds=fuse)
+        spec = partial(
+            speculative_generate,
+            fast,
+            fast_draft,
+            max_new_tokens=n_new,
+            gamma=g,
+            temperature=temperature,
+            fuse_rounds=fuse,
+        )
         for r in range(repeats):
             for p in prompts:
                 gb, gc = torch.Generator().manual_seed(r), torch.Generator().manual_seed(r)
@@ -201,7 +253,6 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
                 round_times += tr
                 step_times += ts
         progress()
-        pairs = [sum(tb[i:i + len(prompts)]) / sum(tc[i:i + len(prompts)]) for i in range(0, len(tb), len(prompts))]
         st = stats[name]
         e = st.tokens_per_target_call
         model_bound, free_verify = e / (v[g] + g * c), e / (1 + g * c)
@@ -209,33 +260,64 @@ def rows_speculative_compiled(target, draft, tok, n_new: int, repeats: int, fast
         # what the round graph allows, and with every proposal accepted: what no draft of this cost can beat;
         # and what it allows once both generations' prefills are counted (rounds per generation as measured)
         round_bound, all_accepted = (e / R, (g + 1) / R) if R else (None, None)
-        measured = median(pairs)
+        measured = median(repeat_ratios(tb, tc, len(prompts)))
         with_prefill = ((p_plain + n_new - 1) / (p_spec + st.target_calls / len(tc) * R)) if R else None
-        note = (f"gamma {g}, alpha {st.acceptance_rate:.2f}, {e:.2f} tokens/target call, v {v[g]:.2f}; the costs "
-                f"allow {model_bound:.2f}x, {free_verify:.2f}x with v = 1"
-                + (f"; a round graph costs {R:.2f} steps: bound {round_bound:.2f}x, measured {measured:.2f}x = "
-                   f"{measured / round_bound:.2f} of it; {all_accepted:.2f}x accepting every proposal; with the "
-                   f"prefills (plain {p_plain:.1f} steps, speculative {p_spec:.1f}{'' if both else ' eager'}) "
-                   f"{with_prefill:.2f}x" if R else "")
-                + (", distribution: tests/test_speculative.py" if temperature else "")
-                + f"; {compile_note(temperature)}")
-        rows.append(Row(f"speculative compiled{label}, draft model, {name} vs plain compiled{label}", "plain compiled",
-                        "speculative compiled", pairs, f"{n_new * len(tb) / sum(tb):.0f} tok/s",
-                        f"{n_new * len(tc) / sum(tc):.0f} tok/s", target=target_ratio,
-                        same_output=same if temperature == 0 else None, note=note,
-                        extra={"alpha": st.acceptance_rate, "tokens_per_target_call": e, "gamma": g,
-                               "compile_seconds": secs[temperature], "fused_rounds": fuse,
-                               "cost_model_bound": model_bound, "bound_with_free_verify": free_verify,
-                               "round_graph_steps": R, "round_graph_bound": round_bound,
-                               "measured_over_round_graph_bound": measured / round_bound if R else None,
-                               "prefill_steps_plain": p_plain, "prefill_steps_speculative": p_spec,
-                               "round_graph_bound_with_prefills": with_prefill,
-                               "bound_accepting_every_proposal": all_accepted}))
+        note = (
+            f"gamma {g}, alpha {st.acceptance_rate:.2f}, {e:.2f} tokens/target call, v {v[g]:.2f}; the costs "
+            f"allow {model_bound:.2f}x, {free_verify:.2f}x with v = 1"
+            + (
+                f"; a round graph costs {R:.2f} steps: bound {round_bound:.2f}x, measured {measured:.2f}x = "
+                f"{measured / round_bound:.2f} of it; {all_accepted:.2f}x accepting every proposal; with the "
+                f"prefills (plain {p_plain:.1f} steps, speculative {p_spec:.1f}{'' if both else ' eager'}) "
+                f"{with_prefill:.2f}x"
+                if R
+                else ""
+            )
+            + (", distribution: tests/test_speculative.py" if temperature else "")
+            + f"; {compile_note(temperature)}"
+        )
+        rows.append(
+            row_against_plain(
+                f"speculative compiled{label}, draft model, {name} vs plain compiled{label}",
+                "plain compiled",
+                "speculative compiled",
+                tb,
+                tc,
+                len(prompts),
+                n_new,
+                target_ratio,
+                same if temperature == 0 else None,
+                note=note,
+                extra={
+                    "alpha": st.acceptance_rate,
+                    "tokens_per_target_call": e,
+                    "gamma": g,
+                    "compile_seconds": secs[temperature],
+                    "fused_rounds": fuse,
+                    "cost_model_bound": model_bound,
+                    "bound_with_free_verify": free_verify,
+                    "round_graph_steps": R,
+                    "round_graph_bound": round_bound,
+                    "measured_over_round_graph_bound": measured / round_bound if R else None,
+                    "prefill_steps_plain": p_plain,
+                    "prefill_steps_speculative": p_spec,
+                    "round_graph_bound_with_prefills": with_prefill,
+                    "bound_accepting_every_proposal": all_accepted,
+                },
+            )
+        )
     for g in gammas:
         tv, t = verify_times[g]
-        rows.append(Row(f"compiled{label}: cost of a {g + 1}-token verify pass / 1 step", f"{g + 1} tokens", "1 token",
-                        ratios(tv, t), f"{median(tv) * 1e3:.2f} ms", f"{median(t) * 1e3:.2f} ms",
-                        note=f"speculation pays when this is near 1; a draft step costs {c:.2f} target steps",
-                        extra={"draft_step_over_target_step": c}))
+        rows.append(
+            Row(
+                f"compiled{label}: cost of a {g + 1}-token verify pass / 1 step",
+                f"{g + 1} tokens",
+                "1 token",
+                ratios(tv, t),
+                f"{median(tv) * 1e3:.2f} ms",
+                f"{median(t) * 1e3:.2f} ms",
+                note=f"speculation pays when this is near 1; a draft step costs {c:.2f} target steps",
+                extra={"draft_step_over_target_step": c},
+            )
+        )
     return rows
-

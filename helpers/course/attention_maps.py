@@ -15,6 +15,7 @@ the module's real output.
 Out of scope: cached (decode-time) attention and sliding windows; long sequences (the weights are
 L * B * H * T * T floats).
 """
+
 from __future__ import annotations
 
 import math
@@ -25,8 +26,9 @@ import torch
 from ..model import apply_rope, causal_mask
 
 
-def attention_by_hand(attn, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                      causal: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_by_hand(
+    attn, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, causal: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One attention module, step by step. x: (B, T, C), the normalised layer input; cos, sin: (T, D).
 
     Returns (weights (B, H, T, T), output (B, T, C)). Grouped-query attention: query head h reads

@@ -12,6 +12,7 @@ boxes overlap by more than `pad` pixels both ways; a text or annotation placed i
 that axes' box. Left out: texts over lines, markers or bars (a label may sit on a bar on purpose), and
 texts that are not drawn (invisible or empty).
 """
+
 from __future__ import annotations
 
 
@@ -54,7 +55,7 @@ def text_problems(fig, pad: float = 0.5) -> list[str]:
     items = [(kind, ax, t, t.get_window_extent(renderer)) for kind, ax, t in _texts(fig)]
     problems = []
     for i, (kind1, _, t1, box1) in enumerate(items):
-        for kind2, _, t2, box2 in items[i + 1:]:
+        for kind2, _, t2, box2 in items[i + 1 :]:
             overlap_x = min(box1.x1, box2.x1) - max(box1.x0, box2.x0)
             overlap_y = min(box1.y1, box2.y1) - max(box1.y0, box2.y0)
             if overlap_x > pad and overlap_y > pad:
@@ -62,8 +63,12 @@ def text_problems(fig, pad: float = 0.5) -> list[str]:
     for kind, ax, t, box in items:
         if kind == "text":
             inside = ax.get_window_extent(renderer)
-            if (box.x0 < inside.x0 - pad or box.x1 > inside.x1 + pad or box.y0 < inside.y0 - pad
-                    or box.y1 > inside.y1 + pad):
+            if (
+                box.x0 < inside.x0 - pad
+                or box.x1 > inside.x1 + pad
+                or box.y0 < inside.y0 - pad
+                or box.y1 > inside.y1 + pad
+            ):
                 problems.append(f"text {t.get_text()!r} leaves its axes")
     return problems
 

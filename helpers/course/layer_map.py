@@ -8,6 +8,7 @@ changes with the config rather than being a picture that can go stale.
 
 Out of scope: the embedding and head (one box each, drawn around the block), the KV cache, batching.
 """
+
 from __future__ import annotations
 
 from ..model import ModelConfig
@@ -58,11 +59,22 @@ def draw_layer_map(cfg: ModelConfig, T: int = 16, B: int = 1):
         if row:
             ax.annotate("", xy=(5.8, y + 0.3), xytext=(5.8, y + 0.7), arrowprops=dict(arrowstyle="->", color="0.4"))
     for start, end in [(0, 7), (7, 12)]:  # residual connections skip the sublayer
-        ax.add_patch(FancyArrowPatch((3.4, n - 1 - start), (3.4, n - 1 - end), connectionstyle="arc3,rad=0.12",
-                                     arrowstyle="->", mutation_scale=10, color="tab:blue", lw=1.2))
+        ax.add_patch(
+            FancyArrowPatch(
+                (3.4, n - 1 - start),
+                (3.4, n - 1 - end),
+                connectionstyle="arc3,rad=0.12",
+                arrowstyle="->",
+                mutation_scale=10,
+                color="tab:blue",
+                lw=1.2,
+            )
+        )
     ax.text(0.0, n - 0.55, "weights", fontsize=10, weight="bold", color="0.3")
     ax.text(8.35, n - 0.55, "output shape (B, ...)", fontsize=10, weight="bold")
-    ax.set_title(f"One block of the course model (d_model={cfg.d_model}, {cfg.n_heads} query heads, "
-                 f"{cfg.n_kv_heads} key/value heads, d_ff={cfg.d_ff}); blue arcs: residual connections",
-                 fontsize=10.5)
+    ax.set_title(
+        f"One block of the course model (d_model={cfg.d_model}, {cfg.n_heads} query heads, "
+        f"{cfg.n_kv_heads} key/value heads, d_ff={cfg.d_ff}); blue arcs: residual connections",
+        fontsize=10.5,
+    )
     return fig

@@ -12,6 +12,7 @@ that more threads cannot split; one thread decodes as fast as two, and when seve
 the cores (the test suite runs two notebooks at once) extra threads fight over them and everything
 slows down many times over. Pass `threads=` to use more for the few cells that train.
 """
+
 from __future__ import annotations
 
 import random

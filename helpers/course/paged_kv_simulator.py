@@ -40,6 +40,7 @@ can fail with enough free memory in pieces), which favours contiguous allocation
 activations and kernel overheads are left out of the step cost. Out of scope: prefix sharing between
 requests (copy-on-write blocks), swapping to CPU memory, chunked prefill.
 """
+
 from __future__ import annotations
 
 import math
@@ -62,9 +63,16 @@ def _check_int(name: str, value, minimum: int) -> None:
         raise ValueError(f"{name} must be an int >= {minimum}; got {value!r}")
 
 
-def synthetic_requests(n: int, seed: int = 0, mean_prompt: float = 200.0, mean_output: float = 250.0,
-                       sigma: float = 0.9, max_seq_len: int = 2048, max_new_tokens: int | None = None,
-                       arrival_rate: float | None = None) -> list[SimulatedRequest]:
+def synthetic_requests(
+    n: int,
+    seed: int = 0,
+    mean_prompt: float = 200.0,
+    mean_output: float = 250.0,
+    sigma: float = 0.9,
+    max_seq_len: int = 2048,
+    max_new_tokens: int | None = None,
+    arrival_rate: float | None = None,
+) -> list[SimulatedRequest]:
     """`n` requests with log-normally distributed prompt and output lengths (means as given), cut so
     that prompt + output fits max_seq_len. max_new_tokens defaults to "whatever fits the context
     window" (the client set no limit). arrival_rate (requests per step): Poisson arrivals; None: all
@@ -76,7 +84,7 @@ def synthetic_requests(n: int, seed: int = 0, mean_prompt: float = 200.0, mean_o
     rng = np.random.default_rng(seed)
 
     def lognormal(mean, size):  # parameterised by its mean
-        return rng.lognormal(np.log(mean) - sigma ** 2 / 2, sigma, size)
+        return rng.lognormal(np.log(mean) - sigma**2 / 2, sigma, size)
 
     prompts = np.clip(np.round(lognormal(mean_prompt, n)), 1, max_seq_len - 1).astype(int)
     outputs = np.clip(np.round(lognormal(mean_output, n)), 1, max_seq_len - prompts).astype(int)
@@ -148,8 +156,13 @@ class _Running:
         self.req, self.generated, self.slots, self.alive = req, generated, slots, True
 
 
-def simulate(requests: list[SimulatedRequest], capacity_tokens: int, policy: str = "paged", block_size: int = 16,
-             max_seq_len: int = 2048) -> SimulationResult:
+def simulate(
+    requests: list[SimulatedRequest],
+    capacity_tokens: int,
+    policy: str = "paged",
+    block_size: int = 16,
+    max_seq_len: int = 2048,
+) -> SimulationResult:
     """Run every request to completion with a KV pool of `capacity_tokens` token slots."""
     if policy not in ("paged", "contiguous"):
         raise ValueError(f"policy must be 'paged' or 'contiguous'; got {policy!r}")
@@ -166,8 +179,11 @@ def simulate(requests: list[SimulatedRequest], capacity_tokens: int, policy: str
         return math.ceil((r.prompt_len + generated + 1) / b) * b  # what it holds, and the token it adds now
 
     for r in requests:
-        largest = min(max_seq_len, r.prompt_len + r.max_new_tokens) if policy == "contiguous" else \
-            math.ceil((r.prompt_len + r.output_len) / b) * b
+        largest = (
+            min(max_seq_len, r.prompt_len + r.max_new_tokens)
+            if policy == "contiguous"
+            else math.ceil((r.prompt_len + r.output_len) / b) * b
+        )
         if largest > total_slots:
             raise ValueError(f"a request needs {largest} token slots but capacity_tokens is {capacity_tokens}")
 
@@ -217,6 +233,16 @@ def simulate(requests: list[SimulatedRequest], capacity_tokens: int, policy: str
         if not running and waiting and admission_slots(*waiting[0][:2]) > free:
             raise RuntimeError("simulation stuck: a waiting request can never be admitted")
     stored, allocated = np.array(stored_log), np.array(allocated_log)
-    return SimulationResult(policy, block_size if policy == "paged" else None, capacity_tokens, t,
-                            float(stored.sum() / allocated.sum()), stored, allocated, np.array(running_log),
-                            np.array(prefilled_log), preemptions, recomputed)
+    return SimulationResult(
+        policy,
+        block_size if policy == "paged" else None,
+        capacity_tokens,
+        t,
+        float(stored.sum() / allocated.sum()),
+        stored,
+        allocated,
+        np.array(running_log),
+        np.array(prefilled_log),
+        preemptions,
+        recomputed,
+    )

@@ -11,6 +11,7 @@ notebook shows the saved file itself.
 
 Out of scope: interactive plots (see widgets.py).
 """
+
 from __future__ import annotations
 
 import os
@@ -24,11 +25,20 @@ from .figure_check import check_figure_text
 def use_course_style() -> None:
     import matplotlib.pyplot as plt
 
-    plt.rcParams.update({
-        "figure.figsize": (7.5, 4.0), "figure.dpi": 100, "savefig.dpi": 110, "axes.grid": True,
-        "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False, "font.size": 10,
-        "axes.titlesize": 11, "legend.frameon": False,
-    })
+    plt.rcParams.update(
+        {
+            "figure.figsize": (7.5, 4.0),
+            "figure.dpi": 100,
+            "savefig.dpi": 110,
+            "axes.grid": True,
+            "grid.alpha": 0.3,
+            "axes.spines.top": False,
+            "axes.spines.right": False,
+            "font.size": 10,
+            "axes.titlesize": 11,
+            "legend.frameon": False,
+        }
+    )
 
 
 def save_figure(fig, name: str, show: bool = True) -> None:

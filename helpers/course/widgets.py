@@ -16,6 +16,7 @@ that line where the panel was, instead of "Error displaying widget: model not fo
 
 Out of scope: penalties and min-p on the panel (the notebook shows them in cells), batched prompts.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ..generate import as_prompt_tensor, generate
+from ..options import keyword_options
 from ..sampling import SamplingConfig, filtered_logits
 
 PANEL_FIGSIZE = (8.5, 3.4)  # inches: the chart the panel shows, drawn by plot_view
@@ -55,36 +57,48 @@ class SamplingView:
     def kept_line(self) -> str:
         """What the next token is drawn from; at temperature 0, that greedy keeps the argmax alone."""
         if self.settings.greedy:
-            return (f"greedy (temperature 0): always the most likely token, {self.token_strings[0]!r}; "
-                    f"the bars show the distribution at temperature 1, where it has {self.kept_mass:.1%}")
-        return (f"kept {plural(len(self.kept), 'token')} of {self.shown_probs.numel()}, "
-                f"{self.kept_mass:.1%} of the probability")
+            return (
+                f"greedy (temperature 0): always the most likely token, {self.token_strings[0]!r}; "
+                f"the bars show the distribution at temperature 1, where it has {self.kept_mass:.1%}"
+            )
+        return (
+            f"kept {plural(len(self.kept), 'token')} of {self.shown_probs.numel()}, "
+            f"{self.kept_mass:.1%} of the probability"
+        )
 
     def kept_tokens(self, n_tokens: int = 8) -> list[str]:
         """'token' probability, for the n_tokens most likely kept tokens (renormalised), and how many more."""
-        items = [f"{t!r} {self.final_probs[i].item():.1%}" for i, t in
-                 zip(self.kept[:n_tokens], self.token_strings[:n_tokens])]
+        items = [
+            f"{t!r} {self.final_probs[i].item():.1%}"
+            for i, t in zip(self.kept[:n_tokens], self.token_strings[:n_tokens])
+        ]
         if len(self.kept) > n_tokens:
             items.append(f"... (+{len(self.kept) - n_tokens} more)")
         return items
 
     def summary(self, n_tokens: int = 8) -> str:
-        return (f"{self.settings_line()}\n{self.kept_line()}: {', '.join(self.kept_tokens(n_tokens))}\n"
-                f"sampled continuation:\n{self.prompt}{self.text}")
+        return (
+            f"{self.settings_line()}\n{self.kept_line()}: {', '.join(self.kept_tokens(n_tokens))}\n"
+            f"sampled continuation:\n{self.prompt}{self.text}"
+        )
 
     def summary_html(self, n_tokens: int = 8) -> str:
         """The summary for the panel's text box: it wraps only between kept tokens and at the spaces of the
         continuation, never inside a token."""
         import html
 
-        tokens = ", ".join(f"<span style='display: inline-block; white-space: pre'>{html.escape(t)}</span>"
-                           for t in self.kept_tokens(n_tokens))
-        return (f"<div style='font-family: monospace; line-height: 1.35'>"
-                f"<div style='white-space: pre'>{html.escape(self.settings_line())}</div>"
-                f"<div>{html.escape(self.kept_line())}: {tokens}</div>"
-                f"<div>sampled continuation:</div>"
-                f"<pre style='margin: 0; white-space: pre-wrap; word-break: normal'>"
-                f"{html.escape(self.prompt + self.text)}</pre></div>")
+        tokens = ", ".join(
+            f"<span style='display: inline-block; white-space: pre'>{html.escape(t)}</span>"
+            for t in self.kept_tokens(n_tokens)
+        )
+        return (
+            f"<div style='font-family: monospace; line-height: 1.35'>"
+            f"<div style='white-space: pre'>{html.escape(self.settings_line())}</div>"
+            f"<div>{html.escape(self.kept_line())}: {tokens}</div>"
+            f"<div>sampled continuation:</div>"
+            f"<pre style='margin: 0; white-space: pre-wrap; word-break: normal'>"
+            f"{html.escape(self.prompt + self.text)}</pre></div>"
+        )
 
 
 @torch.no_grad()
@@ -94,8 +108,9 @@ def next_token_logits(model, tok, prompt: str) -> torch.Tensor:
     return model(ids, last_only=True)[0, -1].float()
 
 
-def sampling_view(model, tok, prompt: str, temperature: float = 0.8, top_p: float = 0.9, top_k: int = 0,
-                  seed: int = 0, max_new_tokens: int = 30, n_bars: int = 24, plot: bool = True) -> SamplingView:
+def sampling_view(
+    model, tok, prompt: str, temperature=0.8, top_p=0.9, top_k=0, seed=0, max_new_tokens=30, n_bars=24, plot=True
+) -> SamplingView:
     """Next-token distribution, kept set and a sampled continuation for one setting of the sliders.
 
     Raises ValueError for settings outside their ranges (SamplingConfig checks them).
@@ -115,9 +130,17 @@ def sampling_view(model, tok, prompt: str, temperature: float = 0.8, top_p: floa
     ids = tok.encode(prompt, bos=True)
     generator = torch.Generator(device=model.device).manual_seed(int(seed))
     out = generate(model, ids, max_new_tokens, sampling=cfg, generator=generator, eos_id=tok.eos_id)
-    view = SamplingView(settings=cfg, seed=int(seed), prompt=prompt, shown_probs=shown.cpu(), final_probs=final.cpu(),
-                        kept=kept, kept_mass=float(shown[kept_mask].sum()), text=tok.decode(out[0, len(ids):].tolist()),
-                        token_strings=tok.token_strings(kept))
+    view = SamplingView(
+        settings=cfg,
+        seed=int(seed),
+        prompt=prompt,
+        shown_probs=shown.cpu(),
+        final_probs=final.cpu(),
+        kept=kept,
+        kept_mass=float(shown[kept_mask].sum()),
+        text=tok.decode(out[0, len(ids) :].tolist()),
+        token_strings=tok.token_strings(kept),
+    )
     if plot:
         view.figure = plot_view(view, tok, n_bars)
     return view
@@ -131,17 +154,30 @@ def plot_view(view: SamplingView, tok, n_bars: int = 24):
     kept = set(view.kept)
     labels = [ascii(s)[1:-1].replace(" ", "\u00b7") for s in tok.token_strings(order)]  # ASCII: no missing glyphs
     fig, ax = plt.subplots(figsize=PANEL_FIGSIZE)
-    ax.bar(range(len(order)), [view.shown_probs[i].item() for i in order],
-           color=["C0" if i in kept else "lightgray" for i in order], label="kept (before renormalising)")
-    ax.scatter([j for j, i in enumerate(order) if i in kept], [view.final_probs[i].item() for i in order if i in kept],
-               marker="_", s=160, color="C3", zorder=3, label="sampled from (renormalised)")
+    ax.bar(
+        range(len(order)),
+        [view.shown_probs[i].item() for i in order],
+        color=["C0" if i in kept else "lightgray" for i in order],
+        label="kept (before renormalising)",
+    )
+    ax.scatter(
+        [j for j, i in enumerate(order) if i in kept],
+        [view.final_probs[i].item() for i in order if i in kept],
+        marker="_",
+        s=160,
+        color="C3",
+        zorder=3,
+        label="sampled from (renormalised)",
+    )
     ax.set_xticks(range(len(order)), labels, rotation=90, fontsize=9)
     s = view.settings
     if s.greedy:
         title = "T=0 (greedy): the most likely token, always; bars at T=1"
     else:
-        title = (f"T={s.temperature:.2f}, top-p={s.top_p:.2f}, top-k={s.top_k}: "
-                 f"{plural(len(view.kept), 'token')} kept ({view.kept_mass:.1%} of the probability)")
+        title = (
+            f"T={s.temperature:.2f}, top-p={s.top_p:.2f}, top-k={s.top_k}: "
+            f"{plural(len(view.kept), 'token')} kept ({view.kept_mass:.1%} of the probability)"
+        )
     ax.set(ylabel="probability", title=title)
     ax.legend(loc="upper right")
     fig.tight_layout()
@@ -164,8 +200,7 @@ def _png(fig) -> bytes:
 _live_panel = None  # the panel this kernel shows now: its model id is PANEL_MODEL_ID, so at most one lives
 
 
-def sampling_panel(model, tok, prompt: str, temperature: float = 0.8, top_p: float = 0.9, top_k: int = 0,
-                   seed: int = 0, max_new_tokens: int = 30):
+def sampling_panel(model, tok, prompt: str, max_new_tokens: int = 30, **settings):
     """Sliders (temperature, top-p, top-k, seed) over `sampling_view`: whenever one is released, ONE chart
     image and one text box are updated in place, under a status line that reads "computing..." while the
     new setting is drawn (the old chart stays until the new one is ready). All three have fixed sizes, so
@@ -173,10 +208,14 @@ def sampling_panel(model, tok, prompt: str, temperature: float = 0.8, top_p: flo
     windowing can catch half-way).
 
     The panel's plain-text form, and the stand-in a saved notebook keeps (see the module docstring), say
-    how to get the sliders back. Calling it again closes the previous panel (they share one model id)."""
+    how to get the sliders back. Calling it again closes the previous panel (they share one model id).
+
+    settings: where the sliders start, as sampling_view's keywords temperature, top_p, top_k and seed (its
+    defaults for those not given)."""
     import ipywidgets as w
 
     global _live_panel
+    start = keyword_options(sampling_view, settings, take=("temperature", "top_p", "top_k", "seed"))
 
     class SamplingPanel(w.VBox):
         def __repr__(self):
@@ -189,15 +228,16 @@ def sampling_panel(model, tok, prompt: str, temperature: float = 0.8, top_p: flo
         _live_panel = None
     style = {"description_width": "90px"}
     layout = w.Layout(width="420px")
+
+    def slider(kind, value, lo, hi, step, description):
+        common = dict(continuous_update=False, style=style, layout=layout)
+        return kind(value=value, min=lo, max=hi, step=step, description=description, **common)
+
     sliders = dict(
-        temperature=w.FloatSlider(value=temperature, min=0.0, max=2.0, step=0.05, description="temperature",
-                                  continuous_update=False, style=style, layout=layout),
-        top_p=w.FloatSlider(value=top_p, min=0.05, max=1.0, step=0.05, description="top-p",
-                            continuous_update=False, style=style, layout=layout),
-        top_k=w.IntSlider(value=top_k, min=0, max=50, step=1, description="top-k (0: off)",
-                          continuous_update=False, style=style, layout=layout),
-        seed=w.IntSlider(value=seed, min=0, max=20, step=1, description="seed", continuous_update=False,
-                         style=style, layout=layout),
+        temperature=slider(w.FloatSlider, start.temperature, 0.0, 2.0, 0.05, "temperature"),
+        top_p=slider(w.FloatSlider, start.top_p, 0.05, 1.0, 0.05, "top-p"),
+        top_k=slider(w.IntSlider, start.top_k, 0, 50, 1, "top-k (0: off)"),
+        seed=slider(w.IntSlider, start.seed, 0, 20, 1, "seed"),
     )
     width_px, height_px = int(PANEL_FIGSIZE[0] * PANEL_DPI), int(PANEL_FIGSIZE[1] * PANEL_DPI)
     status = w.HTML(layout=w.Layout(width=f"{width_px}px", height="1.8em"))
@@ -208,11 +248,12 @@ def sampling_panel(model, tok, prompt: str, temperature: float = 0.8, top_p: flo
 
     def redraw(_change=None):
         values = {name: s.value for name, s in sliders.items()}
-        status.value = ("<b style='color: #b35900'>computing...</b> the chart and text below still show "
-                        "the previous setting")
+        status.value = (
+            "<b style='color: #b35900'>computing...</b> the chart and text below still show the previous setting"
+        )
         try:
-            view = sampling_view(model, tok, prompt, round(values["temperature"], 4), round(values["top_p"], 4),
-                                 values["top_k"], values["seed"], max_new_tokens=max_new_tokens)
+            setting = {name: round(v, 4) if isinstance(v, float) else v for name, v in values.items()}
+            view = sampling_view(model, tok, prompt, max_new_tokens=max_new_tokens, **setting)
             chart.value = _png(view.figure)  # the same <img>, new pixels
             summary.value = view.summary_html()
         finally:
@@ -236,8 +277,12 @@ def saved_notebook_state() -> dict:
     from ipywidgets.embed import dependency_state
     from ipywidgets.widgets.widget_string import HTMLStyle
 
-    line = w.HTML(value=PANEL_TEXT, model_id=PANEL_MODEL_ID, layout=w.Layout(model_id=PANEL_MODEL_ID + "-layout"),
-                  style=HTMLStyle(model_id=PANEL_MODEL_ID + "-style"))
+    line = w.HTML(
+        value=PANEL_TEXT,
+        model_id=PANEL_MODEL_ID,
+        layout=w.Layout(model_id=PANEL_MODEL_ID + "-layout"),
+        style=HTMLStyle(model_id=PANEL_MODEL_ID + "-style"),
+    )
     try:
         state = dependency_state([line], drop_defaults=True)
     finally:

@@ -30,6 +30,7 @@ learner's machine can change between runs).
 Left out: per-core cache levels (L1, L2), write bandwidth, latency, GPU L2 tuning, any vendor figure (the
 chapters state spec sheets themselves).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -72,12 +73,17 @@ class Calibration:
         """One line for the top of a chapter: where this ran and the ceilings it is held against."""
         gb = 1e9
         llc = f"{self.last_level_cache // MiB} MiB" if self.last_level_cache else "an unknown"
-        all_threads = (f", {self.read_bandwidth_all_threads / gb:.1f} GB/s with {self.all_threads} threads"
-                       if self.read_bandwidth_all_threads is not None and self.all_threads != self.threads else "")
-        return (f"{self.cpu} ({self.isa}), {self.threads} of {self.all_threads} threads: matmul "
-                f"{self.peak_flops / 1e9:.0f} GFLOP/s; read {self.read_bandwidth / gb:.1f} GB/s "
-                f"({self.dram_bytes // MiB} MiB{all_threads}), copy {self.copy_bandwidth / gb:.1f} GB/s; in-cache read "
-                f"{self.cache_read_bandwidth / gb:.1f} GB/s ({self.cache_bytes // MiB} MiB of {llc} last-level cache)")
+        all_threads = (
+            f", {self.read_bandwidth_all_threads / gb:.1f} GB/s with {self.all_threads} threads"
+            if self.read_bandwidth_all_threads is not None and self.all_threads != self.threads
+            else ""
+        )
+        return (
+            f"{self.cpu} ({self.isa}), {self.threads} of {self.all_threads} threads: matmul "
+            f"{self.peak_flops / 1e9:.0f} GFLOP/s; read {self.read_bandwidth / gb:.1f} GB/s "
+            f"({self.dram_bytes // MiB} MiB{all_threads}), copy {self.copy_bandwidth / gb:.1f} GB/s; in-cache read "
+            f"{self.cache_read_bandwidth / gb:.1f} GB/s ({self.cache_bytes // MiB} MiB of {llc} last-level cache)"
+        )
 
     def fits_in_cache(self, working_set_bytes: float) -> bool:
         """Whether `working_set_bytes` fit the last-level cache the OS reports (False where it reports none)."""
@@ -140,7 +146,7 @@ def _with_threads(n: int, fn):
 def _main_memory(device: torch.device, n_bytes: int, repeats: int) -> tuple[float, float, float | None]:
     """(read-only, copy, read-only with every core) bandwidth over an n_bytes buffer; the last on a CPU only."""
     big = torch.ones(n_bytes // 4, device=device)  # float32, touched: its pages exist
-    src, dst = big[: big.numel() // 2], big[big.numel() // 2:]  # the copy moves the bytes the sum reads
+    src, dst = big[: big.numel() // 2], big[big.numel() // 2 :]  # the copy moves the bytes the sum reads
     t_read, t_copy = time_interleaved([big.sum, lambda: dst.copy_(src)], device, repeats=repeats)
     read, copy = n_bytes / median(t_read), 2 * src.numel() * 4 / median(t_copy)
     if device.type != "cpu":
@@ -165,11 +171,21 @@ def measure_ceilings(device="cpu", repeats: int = 7) -> Calibration:
     cache_read = read_bandwidth(small, repeats, warmup=3)  # the warm-up calls bring it into the cache
     peak = measure_matmul_flops(device, repeats=5).per_second
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
-    return Calibration(device=str(device), cpu=name,
-                       isa=torch.backends.cpu.get_cpu_capability(), threads=torch.get_num_threads(),
-                       all_threads=usable_cores(), peak_flops=peak, read_bandwidth=read,
-                       read_bandwidth_all_threads=read_all, copy_bandwidth=copy, cache_read_bandwidth=cache_read,
-                       dram_bytes=dram_bytes, cache_bytes=cache_bytes, last_level_cache=llc)
+    return Calibration(
+        device=str(device),
+        cpu=name,
+        isa=torch.backends.cpu.get_cpu_capability(),
+        threads=torch.get_num_threads(),
+        all_threads=usable_cores(),
+        peak_flops=peak,
+        read_bandwidth=read,
+        read_bandwidth_all_threads=read_all,
+        copy_bandwidth=copy,
+        cache_read_bandwidth=cache_read,
+        dram_bytes=dram_bytes,
+        cache_bytes=cache_bytes,
+        last_level_cache=llc,
+    )
 
 
 def calibrate(device="cpu") -> Calibration:

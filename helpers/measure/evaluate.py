@@ -9,6 +9,7 @@ predicted exactly once, from the tokens before it in its window.
 
 Out of scope: sliding-window (strided) evaluation with overlapping contexts.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,7 +35,7 @@ def windows(ids: np.ndarray, seq_len: int, max_windows: int | None = None) -> li
     """
     out = []
     for start in range(0, len(ids) - 1, seq_len):
-        w = ids[start:start + seq_len + 1]
+        w = ids[start : start + seq_len + 1]
         if len(w) < 2:
             break
         out.append(w)
@@ -45,14 +46,22 @@ def windows(ids: np.ndarray, seq_len: int, max_windows: int | None = None) -> li
 
 
 @torch.no_grad()
-def bits_per_byte(model, tokenizer, ids: np.ndarray, seq_len: int | None = None, max_windows: int | None = None,
-                  batch_size: int = 8, attn_window: int | None = None, progress: bool = False) -> dict:
+def bits_per_byte(
+    model,
+    tokenizer,
+    ids: np.ndarray,
+    seq_len: int | None = None,
+    max_windows: int | None = None,
+    batch_size: int = 8,
+    attn_window: int | None = None,
+    progress: bool = False,
+) -> dict:
     """Cross-entropy of `model` on the token stream `ids`; returns bits/byte, nats/token and counts."""
     seq_len = seq_len or model.cfg.max_seq_len
     lengths = token_byte_lengths(tokenizer)
     ws = windows(np.asarray(ids), seq_len, max_windows)
     # full windows go in batches; a shorter last window goes alone
-    batches = [ws[b:b + batch_size] for b in range(0, len(ws), batch_size) if len(ws[b]) == seq_len + 1]
+    batches = [ws[b : b + batch_size] for b in range(0, len(ws), batch_size) if len(ws[b]) == seq_len + 1]
     batches = [[w for w in g if len(w) == seq_len + 1] for g in batches]
     batches += [[w] for w in ws if len(w) != seq_len + 1]
     was_training = model.training
@@ -71,5 +80,10 @@ def bits_per_byte(model, tokenizer, ids: np.ndarray, seq_len: int | None = None,
         total_tokens += y.numel()
         total_bytes += int(lengths[arr[:, 1:]].sum())
     model.train(was_training)
-    return {"bits_per_byte": total_nll / math.log(2) / total_bytes, "nats_per_token": total_nll / total_tokens,
-            "nll_nats": total_nll, "tokens": total_tokens, "bytes": total_bytes}
+    return {
+        "bits_per_byte": total_nll / math.log(2) / total_bytes,
+        "nats_per_token": total_nll / total_tokens,
+        "nll_nats": total_nll,
+        "tokens": total_tokens,
+        "bytes": total_bytes,
+    }

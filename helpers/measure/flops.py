@@ -16,6 +16,7 @@ Conventions:
 Out of scope: communication between devices, optimizers other than AdamW, quantization scales
 (chapter 11), measured timings (roofline.py).
 """
+
 from __future__ import annotations
 
 import torch
@@ -84,8 +85,14 @@ def attention_flops(cfg: ModelConfig, n_queries: int, n_past: int = 0, count_mas
     return cfg.n_layers * 2 * 2 * cfg.n_heads * cfg.head_dim * keys_seen
 
 
-def forward_flops(cfg: ModelConfig, n_tokens: int, n_past: int = 0, batch_size: int = 1,
-                  count_masked: bool = False, all_logits: bool = True) -> int:
+def forward_flops(
+    cfg: ModelConfig,
+    n_tokens: int,
+    n_past: int = 0,
+    batch_size: int = 1,
+    count_masked: bool = False,
+    all_logits: bool = True,
+) -> int:
     """Matmul FLOPs of one forward pass over `n_tokens` new tokens per sequence (prefill: n_past=0;
     a decode step: n_tokens=1, n_past=position). `all_logits=False` scores only the last position
     (what prefill needs before generating)."""
@@ -134,8 +141,7 @@ def weight_bytes(cfg: ModelConfig, bits_per_weight: float = 16, tied_embeddings:
     return parameter_count(cfg, tied_embeddings) * bits_per_weight / 8
 
 
-def forward_bytes(cfg: ModelConfig, n_tokens: int, n_past: int = 0, batch_size: int = 1,
-                  bytes_per_weight: float = 2, bytes_per_kv: float = 2) -> float:
+def forward_bytes(cfg: ModelConfig, n_tokens: int, n_past=0, batch_size=1, bytes_per_weight=2, bytes_per_kv=2) -> float:
     """The least memory traffic of one forward pass: every matmul weight read once (the output
     head included; the embedding lookup reads only n_tokens rows, ignored), the cached keys/values
     read, and the new ones written. Activations are ignored: at batch 1 they are tiny next to the
@@ -148,12 +154,14 @@ def forward_bytes(cfg: ModelConfig, n_tokens: int, n_past: int = 0, batch_size: 
     return weights + batch_size * kv_per_token * (n_past + n_tokens)
 
 
-def arithmetic_intensity(cfg: ModelConfig, n_tokens: int, n_past: int = 0, batch_size: int = 1,
-                         bytes_per_weight: float = 2, bytes_per_kv: float = 2, all_logits: bool = False) -> float:
+def arithmetic_intensity(
+    cfg: ModelConfig, n_tokens: int, n_past=0, batch_size=1, all_logits=False, **bytes_per
+) -> float:
     """FLOPs per byte moved (forward_flops / forward_bytes) for one forward pass with causal
-    attention; by default only the last position is scored, as in prefill before generating."""
+    attention; by default only the last position is scored, as in prefill before generating.
+    bytes_per: forward_bytes's bytes_per_weight and bytes_per_kv (2 each unless given)."""
     flops = forward_flops(cfg, n_tokens, n_past, batch_size, all_logits=all_logits)
-    return flops / forward_bytes(cfg, n_tokens, n_past, batch_size, bytes_per_weight, bytes_per_kv)
+    return flops / forward_bytes(cfg, n_tokens, n_past, batch_size, **bytes_per)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -179,8 +187,9 @@ def layer_activation_bytes(cfg: ModelConfig, batch_size: int, seq_len: int, byte
     return batch_size * seq_len * _activation_bytes_per_token(cfg, bytes_per_element)[0]
 
 
-def activation_bytes(cfg: ModelConfig, batch_size: int, seq_len: int, bytes_per_element: int = 2,
-                     checkpointing: bool = False) -> int:
+def activation_bytes(
+    cfg: ModelConfig, batch_size: int, seq_len: int, bytes_per_element: int = 2, checkpointing: bool = False
+) -> int:
     """Bytes autograd keeps for the backward pass of one training step of the course Transformer.
 
     Counted tensor by tensor from what the implementation saves (the notebook and the tests check
@@ -209,10 +218,18 @@ def activation_bytes(cfg: ModelConfig, batch_size: int, seq_len: int, bytes_per_
     return tokens * (cfg.n_layers * per_layer + head)
 
 
-def training_memory_bytes(cfg: ModelConfig, batch_size: int, seq_len: int, *, bytes_per_weight: int = 4,
-                          bytes_per_grad: int = 4, optimizer_bytes_per_param: int = 8,
-                          bytes_per_activation: int = 2, checkpointing: bool = False,
-                          tied_embeddings: bool = True) -> dict[str, float]:
+def training_memory_bytes(
+    cfg: ModelConfig,
+    batch_size: int,
+    seq_len: int,
+    *,
+    bytes_per_weight: int = 4,
+    bytes_per_grad: int = 4,
+    optimizer_bytes_per_param: int = 8,
+    bytes_per_activation: int = 2,
+    checkpointing: bool = False,
+    tied_embeddings: bool = True,
+) -> dict[str, float]:
     """Memory of one training step with AdamW, in bytes, by component.
 
     Defaults follow the common mixed-precision accounting: float32 weights (4 B/param), float32
@@ -230,8 +247,7 @@ def training_memory_bytes(cfg: ModelConfig, batch_size: int, seq_len: int, *, by
     return {k: float(v) for k, v in parts.items()}
 
 
-def inference_activation_bytes(cfg: ModelConfig, n_tokens: int, batch_size: int = 1,
-                               bytes_per_element: int = 2) -> int:
+def inference_activation_bytes(cfg: ModelConfig, n_tokens: int, batch_size: int = 1, bytes_per_element: int = 2) -> int:
     """An estimate of the largest transient working set of a forward pass without gradients:
     tensors are freed layer by layer, and the widest moment is inside the SwiGLU MLP, where the
     residual stream and the normalised input (2*d), the gate|up output (2*d_ff) and the product
@@ -242,9 +258,16 @@ def inference_activation_bytes(cfg: ModelConfig, n_tokens: int, batch_size: int 
     return batch_size * (n_tokens * per_token + 4 * cfg.vocab_size)
 
 
-def inference_memory_bytes(cfg: ModelConfig, seq_len: int, batch_size: int = 1, *, bits_per_weight: float = 16,
-                           kv_dtype=torch.bfloat16, bytes_per_activation: int = 2,
-                           tied_embeddings: bool = True) -> dict[str, float]:
+def inference_memory_bytes(
+    cfg: ModelConfig,
+    seq_len: int,
+    batch_size: int = 1,
+    *,
+    bits_per_weight: float = 16,
+    kv_dtype=torch.bfloat16,
+    bytes_per_activation: int = 2,
+    tied_embeddings: bool = True,
+) -> dict[str, float]:
     """Memory to serve `batch_size` sequences of `seq_len` tokens, in bytes, by component:
     {"weights", "kv_cache", "activations", "total"}. No gradients, no optimizer state."""
     _check_int("seq_len", seq_len, 1)

@@ -15,6 +15,7 @@ Two different counts, on purpose:
 
 Out of scope: GPU kernel timelines (the profiler's CUDA activity), memory profiling, traces on disk.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,17 @@ from torch.overrides import TorchFunctionMode
 os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 # the operators that do a matrix multiply on a CPU (the kernel itself, not the wrappers around it)
-MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_weight_int8pack_mm",
-                        "aten::_weight_int4pack_mm_for_cpu", "mkldnn::_linear_pointwise"})
+MATMUL_OPS = frozenset(
+    {
+        "aten::mm",
+        "aten::addmm",
+        "aten::bmm",
+        "aten::baddbmm",
+        "aten::_weight_int8pack_mm",
+        "aten::_weight_int4pack_mm_for_cpu",
+        "mkldnn::_linear_pointwise",
+    }
+)
 
 
 class _CountCalls(TorchFunctionMode):

@@ -12,6 +12,7 @@ calls, after a warm-up call.
 Out of scope: cache-level rooflines, power, multi-device; vendor numbers (the notebook states its
 spec-sheet constants itself).
 """
+
 from __future__ import annotations
 
 import statistics

@@ -23,6 +23,7 @@ after it. Left out: the profiler (profiling.py, a different question: where the 
 wall-clock metrics of a running server (time to first token, inter-token gaps: serving/), and measured
 ceilings (roofline.py, calibration.py), which use these timers.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -35,8 +36,16 @@ import torch
 from ..device import synchronize
 from ..kv_cache import KVCache
 
-__all__ = ["median", "spread", "timed", "time_call", "time_interleaved", "step_seconds", "decode_step_seconds",
-           "compiled_step_seconds"]
+__all__ = [
+    "median",
+    "spread",
+    "timed",
+    "time_call",
+    "time_interleaved",
+    "step_seconds",
+    "decode_step_seconds",
+    "compiled_step_seconds",
+]
 
 
 def median(xs) -> float:
@@ -108,8 +117,9 @@ def greedy_next(x, logits: torch.Tensor) -> torch.Tensor:
     return logits[:, -1].argmax(-1, keepdim=True) if logits.dim() == 3 else logits.argmax(-1, keepdim=True)
 
 
-def step_seconds(step: Callable[[Any], Any], x, n_steps: int, device, advance=greedy_next,
-                 warmup: int = 0) -> list[float]:
+def step_seconds(
+    step: Callable[[Any], Any], x, n_steps: int, device, advance=greedy_next, warmup: int = 0
+) -> list[float]:
     """Seconds of each of `n_steps` successive steps: out = step(x) is timed between two synchronisations,
     x = advance(x, out) is not (by default the greedy next token, so `step` is "decode one token" and `x`
     the token it reads). The first `warmup` steps run but are not recorded. A step usually advances state of
@@ -140,8 +150,19 @@ def decode_step_seconds(model, n_steps: int = 16, context: int = 16, seed: int =
     call). Any model with the Transformer's forward works (a quantized one too)."""
     cache = KVCache.for_model(model, max_seq_len=context + warmup + n_steps + 1)
     token = _prefilled(model, cache, context, seed)  # (1, 1)
-    return median(step_seconds(lambda t: model(t, cache=cache, check=False), token, n_steps, model.device,
-                               warmup=warmup))
+    return median(
+        step_seconds(lambda t: model(t, cache=cache, check=False), token, n_steps, model.device, warmup=warmup)
+    )
+
+
+def decode_steps_interleaved(models, repeats: int) -> list[list[float]]:
+    """decode_step_seconds of each model in turn, `repeats` times (so that a change in the machine's speed
+    hits all of them alike, as in time_interleaved): one list per model."""
+    times = [[] for _ in models]
+    for _ in range(repeats):
+        for model, out in zip(models, times):
+            out.append(decode_step_seconds(model))
+    return times
 
 
 @torch.no_grad()

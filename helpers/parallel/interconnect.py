@@ -21,6 +21,7 @@ reported and how it was run.
 Left out: tree and in-switch (NVLS / SHARP) all-reduce algorithms (the published latencies include
 them), overlap of communication with compute, congestion, prices.
 """
+
 from __future__ import annotations
 
 import tomllib
@@ -63,8 +64,12 @@ def load_spec_sheets(path=SPEC_SHEETS) -> tuple[dict[str, Link], dict[str, GPU]]
     for name, fields in sheets["gpus"].items():
         fields = dict(fields)
         n = fields.pop("stated_for_gpus", 1)
-        gpus[name] = GPU(name, memory_bytes=fields.pop("memory_bytes") / n,
-                         memory_bytes_per_s=fields.pop("memory_bytes_per_s") / n, **fields)
+        gpus[name] = GPU(
+            name,
+            memory_bytes=fields.pop("memory_bytes") / n,
+            memory_bytes_per_s=fields.pop("memory_bytes_per_s") / n,
+            **fields,
+        )
     return links, gpus
 
 
@@ -82,16 +87,19 @@ class PublishedLatency:
 # with nccl-tests' all_reduce_perf and CUDA graphs, tuned for small messages: what a well-set-up node reaches.
 PUBLISHED_ALLREDUCE_LATENCY: dict[str, PublishedLatency] = {
     "8x H200, 8 bytes": PublishedLatency(
-        "8x H200 (NVSwitch), 8-byte all-reduce, NCCL 2.27 symmetric memory, tuned for latency", 2.3e-6,
-        "NVIDIA/nccl GitHub issue #1940 (Dec 2025): 'about 2.3 us' on 8x H200 or 8x H800; 'around 3 us' on 8x B200"),
+        "8x H200 (NVSwitch), 8-byte all-reduce, NCCL 2.27 symmetric memory, tuned for latency",
+        2.3e-6,
+        "NVIDIA/nccl GitHub issue #1940 (Dec 2025): 'about 2.3 us' on 8x H200 or 8x H800; 'around 3 us' on 8x B200",
+    ),
     "2 of 8 H100, 128 B - 64 KB": PublishedLatency(
-        "2 GPUs of an HGX 8x H100 node, 128 B to 64 KB all-reduce, NCCL 2.20.5, NVLink SHARP (NVLS)", 6e-6,
-        "NVIDIA/nccl GitHub issue #1259 (Apr 2024): 'approximately 6us' with 2 GPUs, rising with more GPUs"),
+        "2 GPUs of an HGX 8x H100 node, 128 B to 64 KB all-reduce, NCCL 2.20.5, NVLink SHARP (NVLS)",
+        6e-6,
+        "NVIDIA/nccl GitHub issue #1259 (Apr 2024): 'approximately 6us' with 2 GPUs, rising with more GPUs",
+    ),
 }
 
-# Llama-3-70B's shape (its published config.json), built from the course's Llama-3-8B preset:
-# same vocabulary, context and rotary base, wider and deeper, still 8 key/value heads.
-LLAMA3_70B = ModelConfig.from_preset("llama3-8b", n_layers=80, d_model=8192, n_heads=64, d_ff=28672)
+# Llama-3-70B's shape (its published config.json): the model's "llama3-70b" preset
+LLAMA3_70B = ModelConfig.from_preset("llama3-70b")
 
 
 def _check_positive(name, value) -> None:
@@ -119,8 +127,17 @@ def allreduces_per_token(cfg: ModelConfig) -> int:
     return 2 * cfg.n_layers
 
 
-def decode_step_budget(cfg: ModelConfig, tp_size: int, gpu: GPU, link: Link, *, batch_size: int = 1,
-                       latency_s: float = 0.0, bytes_per_weight: float = 2, dtype=torch.bfloat16) -> dict:
+def decode_step_budget(
+    cfg: ModelConfig,
+    tp_size: int,
+    gpu: GPU,
+    link: Link,
+    *,
+    batch_size=1,
+    latency_s=0.0,
+    bytes_per_weight=2,
+    dtype=torch.bfloat16,
+) -> dict:
     """Seconds of one decode step at tensor-parallel `tp_size`, split into
     "weights":   every rank reads its 1/tp_size of the weights once from memory (the batch-1 bound);
     "allreduce": 2 * n_layers ring all-reduces of batch_size * d_model elements over `link`
@@ -133,8 +150,9 @@ def decode_step_budget(cfg: ModelConfig, tp_size: int, gpu: GPU, link: Link, *, 
     return {"weights": weights_s, "allreduce": comm_s, "total": weights_s + comm_s}
 
 
-def latency_budget_per_allreduce(cfg: ModelConfig, tp_size: int, gpu: GPU, share: float = 0.1,
-                                 bytes_per_weight: float = 2) -> float:
+def latency_budget_per_allreduce(
+    cfg: ModelConfig, tp_size: int, gpu: GPU, share: float = 0.1, bytes_per_weight: float = 2
+) -> float:
     """The longest an all-reduce of one decode step may take if all of them together are to cost at
     most `share` of the time the rank spends reading its weights."""
     _check_positive("share", share)

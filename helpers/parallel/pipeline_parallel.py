@@ -13,6 +13,7 @@ sequence 2 while stage 1 finishes sequence 1 (`pipeline_greedy_task`, n_in_fligh
 Left out: uneven stage sizes, interleaved schedules, training (backward passes and their bubbles),
 batching the micro-batches of one stage together.
 """
+
 from __future__ import annotations
 
 import time
@@ -57,8 +58,15 @@ class PipelineStage(nn.Module):
     def new_cache(self, max_seq_len: int) -> KVCache:
         """A KV cache for this stage's layers only."""
         cfg = self.cfg
-        return KVCache(len(self.layers), 1, cfg.n_kv_heads, max_seq_len, cfg.head_dim,
-                       dtype=self.rope_cos.dtype, device=self.rope_cos.device)
+        return KVCache(
+            len(self.layers),
+            1,
+            cfg.n_kv_heads,
+            max_seq_len,
+            cfg.head_dim,
+            dtype=self.rope_cos.dtype,
+            device=self.rope_cos.device,
+        )
 
     @torch.no_grad()
     def forward(self, x, cache: KVCache):
@@ -66,7 +74,7 @@ class PipelineStage(nn.Module):
         Last stage: (B, T, C) -> logits of the last position (B, V)."""
         start = cache.length
         T = x.shape[1]
-        cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]
+        cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]
         if self.first:
             x = self.embed(x)  # (B, T, C)
         for i, layer in enumerate(self.layers):
@@ -77,8 +85,9 @@ class PipelineStage(nn.Module):
         return x
 
 
-def pipeline_greedy_task(rank: int, world_size: int, prompts: list[list[int]], max_new_tokens: int,
-                         n_in_flight: int) -> dict:
+def pipeline_greedy_task(
+    rank: int, world_size: int, prompts: list[list[int]], max_new_tokens: int, n_in_flight: int
+) -> dict:
     """Greedy generation for len(prompts) independent sequences through a world_size-stage pipeline.
 
     Sequences go through in groups of `n_in_flight`: within a group, each stage handles sequence after
@@ -133,5 +142,10 @@ def pipeline_greedy_task(rank: int, world_size: int, prompts: list[list[int]], m
             handle.wait()
         in_transit.clear()
     seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - cpu0
-    return {"tokens": tokens if stage.last else None, "seconds": seconds, "cpu_seconds": cpu_seconds,
-            "layers": list(stage.layer_ids), "bytes_sent_per_decode_token": sorted(set(sent_bytes))}
+    return {
+        "tokens": tokens if stage.last else None,
+        "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
+        "layers": list(stage.layer_ids),
+        "bytes_sent_per_decode_token": sorted(set(sent_bytes)),
+    }

@@ -29,6 +29,7 @@ Left out: a vocabulary-parallel embedding and head (Megatron and vLLM split thos
 overlap of communication with compute, quantized collectives, fused kernels, the static-shape path
 of fast_decode.py.
 """
+
 from __future__ import annotations
 
 import time
@@ -55,8 +56,10 @@ def check_tp_size(cfg: ModelConfig, tp_size) -> None:
     if cfg.d_ff % tp_size:
         raise ValueError(f"tp_size={tp_size} must divide d_ff={cfg.d_ff} (each rank owns whole MLP units)")
     if cfg.n_kv_heads % tp_size and tp_size % cfg.n_kv_heads:
-        raise ValueError(f"tp_size={tp_size} must divide n_kv_heads={cfg.n_kv_heads} or be a multiple of it "
-                         f"(key/value heads are split, or replicated when there are fewer than ranks)")
+        raise ValueError(
+            f"tp_size={tp_size} must divide n_kv_heads={cfg.n_kv_heads} or be a multiple of it "
+            f"(key/value heads are split, or replicated when there are fewer than ranks)"
+        )
 
 
 def _check_rank(rank, tp_size: int) -> None:
@@ -81,8 +84,7 @@ def head_ranges(cfg: ModelConfig, tp_size: int, rank: int) -> tuple[range, range
     return q, range(kv_first, kv_first + kv_heads_per_rank(cfg, tp_size))
 
 
-def tp_kv_cache_bytes(cfg: ModelConfig, seq_len: int, tp_size: int, batch_size: int = 1,
-                      dtype=torch.float16) -> int:
+def tp_kv_cache_bytes(cfg: ModelConfig, seq_len: int, tp_size: int, batch_size: int = 1, dtype=torch.float16) -> int:
     """KV cache bytes one rank holds: 2 (K and V) * layers * batch * kv heads per rank * head_dim * seq_len."""
     elem = torch.empty((), dtype=dtype).element_size()
     return 2 * cfg.n_layers * batch_size * kv_heads_per_rank(cfg, tp_size) * cfg.head_dim * seq_len * elem
@@ -147,6 +149,7 @@ class Communicator:
 
             def all_reduce(t):
                 dist.all_reduce(t)  # default op: SUM
+
         self._all_reduce = all_reduce
         self.bytes_log: list[int] = []
         self.seconds_log: list[float] = []
@@ -194,8 +197,9 @@ class ShardedAttention(nn.Module):
             mask, is_causal = None, True
         else:
             mask, is_causal = causal_mask(T, S, device=x.device), False
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
-                                           enable_gqa=Hkv != H)  # (B, H/tp, T, D)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=Hkv != H
+        )  # (B, H/tp, T, D)
         return self.wo(y.transpose(1, 2).reshape(B, T, H * D))  # (B, T, C): this rank's share of the sum
 
 
@@ -260,12 +264,25 @@ class TensorParallelTransformer(EmbeddedModel):
         S = self.cfg.max_seq_len if max_seq_len is None else max_seq_len
         if not isinstance(S, int) or not 1 <= S <= self.cfg.max_seq_len:
             raise ValueError(f"max_seq_len must be in [1, {self.cfg.max_seq_len}]; got {max_seq_len!r}")
-        return KVCache(self.cfg.n_layers, batch_size, kv_heads_per_rank(self.cfg, self.tp_size), S,
-                       self.cfg.head_dim, dtype=self.dtype, device=self.device)
+        return KVCache(
+            self.cfg.n_layers,
+            batch_size,
+            kv_heads_per_rank(self.cfg, self.tp_size),
+            S,
+            self.cfg.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+        )
 
     @torch.no_grad()
-    def forward(self, idx, cache: KVCache | None = None, start_pos: int | None = None, last_only: bool = False,
-                check: bool = True):
+    def forward(
+        self,
+        idx,
+        cache: KVCache | None = None,
+        start_pos: int | None = None,
+        last_only: bool = False,
+        check: bool = True,
+    ):
         """Logits (B, T, V) for tokens idx (B, T), placed at start_pos (default: after what `cache` holds;
         position 0 without one). check=False skips the token-id range check, as Transformer.forward does for
         tokens the model produced itself."""
@@ -275,7 +292,7 @@ class TensorParallelTransformer(EmbeddedModel):
         start = start_pos if start_pos is not None else cache.length if cache is not None else 0
         if start + T > (cache.max_seq_len if cache is not None else self.cfg.max_seq_len):
             raise ValueError(f"positions {start}..{start + T - 1} do not fit (cache or context window)")
-        cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]  # (T, D)
+        cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]  # (T, D)
         x = self.embed(idx)  # (B, T, C), the same on every rank
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, self.comm, cache.layer(i) if cache is not None else None, start)
@@ -316,9 +333,14 @@ def tp_greedy_task(rank: int, world_size: int, prompt_ids: list[int], max_new_to
         steps["allreduce_seconds"].append(sum(model.comm.seconds_log))
         return out
 
-    tokens = generate(tp, prompt, max_new_tokens, cache=cache, step=timed_step)[0, len(prompt_ids):].tolist()
-    return {"logits": _as_numpy(logits), "tokens": tokens, "kv_cache_nbytes": cache.nbytes,
-            "allreduce_bytes_last_step": list(tp.comm.bytes_log), **steps}
+    tokens = generate(tp, prompt, max_new_tokens, cache=cache, step=timed_step)[0, len(prompt_ids) :].tolist()
+    return {
+        "logits": _as_numpy(logits),
+        "tokens": tokens,
+        "kv_cache_nbytes": cache.nbytes,
+        "allreduce_bytes_last_step": list(tp.comm.bytes_log),
+        **steps,
+    }
 
 
 def allreduce_timing_task(rank: int, world_size: int, sizes_bytes: list[int], repeats: int = 200) -> dict:

@@ -22,6 +22,7 @@ loopback interface. The same code runs on GPUs with backend="nccl" and one devic
 
 Left out: more than one machine, restarting a failed worker, GPU placement.
 """
+
 from __future__ import annotations
 
 import functools
@@ -66,8 +67,19 @@ def loopback_interface() -> str | None:
     return next((n for n in ("lo", "lo0") if n in names), None)
 
 
-def _worker_main(rank, world_size, port, threads, tasks, results, log_path, parent_pid, idle_timeout_s,
-                 timeout_s, parent_death_signal):
+def _worker_main(
+    rank,
+    world_size,
+    port,
+    threads,
+    tasks,
+    results,
+    log_path,
+    parent_pid,
+    idle_timeout_s,
+    timeout_s,
+    parent_death_signal,
+):
     """Entry point of each worker process: silence, join the group, then run tasks until told to stop."""
     # end with the starter even in the middle of a task (a busy worker never reaches the idle check below)
     die_with_parent(parent_pid, use_signal=parent_death_signal)
@@ -84,8 +96,13 @@ def _worker_main(rank, world_size, port, threads, tasks, results, log_path, pare
         import torch.distributed as dist
 
         torch.set_num_threads(threads)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world_size, timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
         results.put((rank, "ready", os.getpid()))
     except BaseException:
         results.put((rank, "error", traceback.format_exc()))
@@ -120,8 +137,7 @@ class WorkerGroup:
     idle_timeout_s: a worker given nothing to do for this long exits by itself.
     """
 
-    def __init__(self, world_size: int = 2, timeout_s: float = 120.0, threads: int = 1,
-                 idle_timeout_s: float = 600.0):
+    def __init__(self, world_size: int = 2, timeout_s: float = 120.0, threads: int = 1, idle_timeout_s: float = 600.0):
         if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
             raise ValueError(f"world_size must be an int >= 1; got {world_size!r}")
         if not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
@@ -146,10 +162,24 @@ class WorkerGroup:
         self._results = ctx.Queue()
         self._tasks = [ctx.Queue() for _ in range(self.world_size)]
         for rank in range(self.world_size):
-            p = ctx.Process(target=_worker_main, daemon=True, name=f"worker-rank{rank}",
-                            args=(rank, self.world_size, self.port, self.threads, self._tasks[rank],
-                                  self._results, self.log_path(rank), os.getpid(), self.idle_timeout_s,
-                                  self.timeout_s, threading.current_thread() is threading.main_thread()))
+            p = ctx.Process(
+                target=_worker_main,
+                daemon=True,
+                name=f"worker-rank{rank}",
+                args=(
+                    rank,
+                    self.world_size,
+                    self.port,
+                    self.threads,
+                    self._tasks[rank],
+                    self._results,
+                    self.log_path(rank),
+                    os.getpid(),
+                    self.idle_timeout_s,
+                    self.timeout_s,
+                    threading.current_thread() is threading.main_thread(),
+                ),
+            )
             p.start()
             self.processes.append(p)
         self._collect("start-up", self.timeout_s, expect="ready")
@@ -209,8 +239,7 @@ class WorkerGroup:
         if self._closed:
             raise WorkerError("this WorkerGroup is closed; start a new one")
         if not callable(fn) or getattr(fn, "__qualname__", "").count("<"):
-            raise ValueError("fn must be a module-level function (workers import it by name); "
-                             f"got {fn!r}")
+            raise ValueError(f"fn must be a module-level function (workers import it by name); got {fn!r}")
         for q in self._tasks:
             q.put((fn, args))
         return self._collect(getattr(fn, "__name__", "task"), timeout_s or self.timeout_s)
@@ -226,8 +255,10 @@ class WorkerGroup:
                 if time.monotonic() > deadline:
                     waiting = sorted(set(range(self.world_size)) - set(out))
                     self._kill_all()
-                    raise WorkerError(f"{what} did not finish within {timeout_s:.0f} s (still waiting for "
-                                      f"rank {waiting}); all workers were killed") from None
+                    raise WorkerError(
+                        f"{what} did not finish within {timeout_s:.0f} s (still waiting for "
+                        f"rank {waiting}); all workers were killed"
+                    ) from None
                 continue
             if status == "error":
                 # a rank whose peer died sees "connection closed" inside the collective: name the dead
@@ -237,8 +268,7 @@ class WorkerGroup:
                     self._check_alive(what)
                     time.sleep(0.05)
                 self._kill_all()
-                raise WorkerError(f"{what} failed on rank {rank}; all workers were stopped. "
-                                  f"Its traceback:\n{value}")
+                raise WorkerError(f"{what} failed on rank {rank}; all workers were stopped. Its traceback:\n{value}")
             out[rank] = value
         return [out[r] for r in range(self.world_size)]
 
@@ -247,8 +277,10 @@ class WorkerGroup:
             if p.exitcode is not None:  # exited while we were waiting for it
                 pid, code = p.pid, p.exitcode
                 self._kill_all()
-                raise WorkerError(f"worker rank {rank} (pid {pid}) died with exit code {code} during {what}; "
-                                  f"the other workers were killed. Its last output:\n{self._tail(rank)}")
+                raise WorkerError(
+                    f"worker rank {rank} (pid {pid}) died with exit code {code} during {what}; "
+                    f"the other workers were killed. Its last output:\n{self._tail(rank)}"
+                )
 
     def _tail(self, rank: int, n_lines: int = 8) -> str:
         try:

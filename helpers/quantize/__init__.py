@@ -31,6 +31,7 @@ Modules: arithmetic.py (the functions by hand, int4 packing), linear.py (Quantiz
 dynamic.py (fbgemm's dynamic int8 kernel and its saturation); here, a whole model. Every public name is
 importable from helpers.quantize.
 """
+
 from __future__ import annotations
 
 import copy
@@ -58,10 +59,28 @@ from .dynamic import dynamic_int8_saturates, dynamic_weight_bits, prepack_dynami
 from .linear import QuantizedLinear, available_kernels, resolve_kernel
 
 __all__ = [
-    "FLOAT_FORMATS", "KERNELS", "KERNEL_GROUP_SIZES", "METHODS", "QUANTIZED_LAYERS", "ROW_SPLIT", "STORAGE_DTYPE",
-    "QuantizedLinear", "available_kernels", "dequantize_absmax", "dequantize_groupwise", "dynamic_int8_saturates",
-    "dynamic_weight_bits", "pack_int4", "pack_int4_halves", "prepack_dynamic", "quantize_absmax",
-    "quantize_groupwise", "quantize_model", "resolve_kernel", "unpack_int4", "unpack_int4_halves",
+    "FLOAT_FORMATS",
+    "KERNELS",
+    "KERNEL_GROUP_SIZES",
+    "METHODS",
+    "QUANTIZED_LAYERS",
+    "ROW_SPLIT",
+    "STORAGE_DTYPE",
+    "QuantizedLinear",
+    "available_kernels",
+    "dequantize_absmax",
+    "dequantize_groupwise",
+    "dynamic_int8_saturates",
+    "dynamic_weight_bits",
+    "pack_int4",
+    "pack_int4_halves",
+    "prepack_dynamic",
+    "quantize_absmax",
+    "quantize_groupwise",
+    "quantize_model",
+    "resolve_kernel",
+    "unpack_int4",
+    "unpack_int4_halves",
     "weight_bytes_breakdown",
 ]
 
@@ -69,8 +88,14 @@ QUANTIZED_LAYERS = ("attn.wqkv", "attn.wo", "mlp.w_gate_up", "mlp.w_down")
 
 
 @torch.no_grad()
-def quantize_model(model, method: str = "int8", group_size: int = 64, kernel: str = "auto",
-                   quantize_head: bool = False, progress: bool = False):
+def quantize_model(
+    model,
+    method: str = "int8",
+    group_size: int = 64,
+    kernel: str = "auto",
+    quantize_head: bool = False,
+    progress: bool = False,
+):
     """A quantized copy of a course Transformer: every block's wqkv, wo, w_gate_up and w_down become
     QuantizedLinear. The original model is not changed.
 
@@ -84,8 +109,11 @@ def quantize_model(model, method: str = "int8", group_size: int = 64, kernel: st
     resolve_kernel(method, kernel, model.device)  # fail before copying a large model
     if method == "int4" and group_size not in KERNEL_GROUP_SIZES:
         raise ValueError(f"group_size must be one of {KERNEL_GROUP_SIZES} for int4; got {group_size!r}")
-    targets = [getattr(getattr(block, part), child) for block in model.layers
-               for part, child in (name.split(".") for name in QUANTIZED_LAYERS)]
+    targets = [
+        getattr(getattr(block, part), child)
+        for block in model.layers
+        for part, child in (name.split(".") for name in QUANTIZED_LAYERS)
+    ]
     if not all(isinstance(t, nn.Linear) for t in targets):
         raise ValueError("model must be a full-precision Transformer (its layers are already quantized)")
     # copy everything except the weights about to be replaced: the memo makes deepcopy reuse them
@@ -103,8 +131,12 @@ def quantize_model(model, method: str = "int8", group_size: int = 64, kernel: st
             setattr(parent, child, QuantizedLinear.from_linear(getattr(parent, child), method, group_size, kernel))
     if quantize_head:
         qmodel.head = QuantizedLinear(qmodel.embed.weight, method, group_size, kernel)
-    qmodel.quantization = {"method": method, "group_size": group_size if method == "int4" else None,
-                           "kernel": resolve_kernel(method, kernel, model.device), "quantize_head": quantize_head}
+    qmodel.quantization = {
+        "method": method,
+        "group_size": group_size if method == "int4" else None,
+        "kernel": resolve_kernel(method, kernel, model.device),
+        "quantize_head": quantize_head,
+    }
     return qmodel
 
 

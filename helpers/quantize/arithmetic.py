@@ -3,6 +3,7 @@
 Pure functions on a weight matrix `w` of shape (N, K) = (out_features, in_features), as nn.Linear stores
 it. No kernels here (helpers.quantize.linear runs them); no model (helpers.quantize.quantize_model).
 """
+
 from __future__ import annotations
 
 import torch
@@ -34,8 +35,9 @@ def check_bits(bits, allowed) -> None:
         raise ValueError(f"bits must be an int in [{min(allowed)}, {max(allowed)}]; got {bits!r}")
 
 
-def quantize_absmax(w: torch.Tensor, bits: int = 8, per_channel: bool = False,
-                    scale_dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_absmax(
+    w: torch.Tensor, bits: int = 8, per_channel: bool = False, scale_dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric absmax quantization: scale = max|w| / (2^(bits-1) - 1), q = round(w / scale).
 
     per_channel=False: one scale for the whole tensor (shape ()); True: one per output row (N, 1).
@@ -60,12 +62,18 @@ def check_group_size(group_size, K: int) -> None:
     if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 2:
         raise ValueError(f"group_size must be an int >= 2; got {group_size!r}")
     if K % group_size:
-        raise ValueError(f"group_size ({group_size}) must divide in_features ({K}); "
-                         f"allowed: divisors of {K} that are >= 2")
+        raise ValueError(
+            f"group_size ({group_size}) must divide in_features ({K}); allowed: divisors of {K} that are >= 2"
+        )
 
 
-def quantize_groupwise(w: torch.Tensor, bits: int = 4, group_size: int = 64, symmetric: bool = False,
-                       scale_dtype: torch.dtype = torch.float32):
+def quantize_groupwise(
+    w: torch.Tensor,
+    bits: int = 4,
+    group_size: int = 64,
+    symmetric: bool = False,
+    scale_dtype: torch.dtype = torch.float32,
+):
     """Group-wise quantization along K: one scale (and zero) per `group_size` consecutive weights of a row.
 
     asymmetric: scale = (max - min) / (2^bits - 1), zero = min + 2^(bits-1) * scale,
@@ -86,7 +94,7 @@ def quantize_groupwise(w: torch.Tensor, bits: int = 4, group_size: int = 64, sym
         scales = (absmax / qmax).clamp(min=TINY_SCALE).to(scale_dtype)  # (N, G)
         q = (groups / scales.float().unsqueeze(-1)).round_().clamp_(-qmax, qmax).to(torch.int8)
         return q.reshape(N, K), scales, None
-    mid, top = 2 ** (bits - 1), 2 ** bits - 1
+    mid, top = 2 ** (bits - 1), 2**bits - 1
     lo, hi = torch.aminmax(groups, dim=-1)  # (N, G) each
     check_finite(hi - lo)
     scales = ((hi - lo) / top).clamp(min=TINY_SCALE).to(scale_dtype)  # (N, G)
@@ -95,8 +103,14 @@ def quantize_groupwise(w: torch.Tensor, bits: int = 4, group_size: int = 64, sym
     return q.clamp_(0, top).to(torch.uint8).reshape(N, K), scales, zeros
 
 
-def dequantize_groupwise(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, group_size: int,
-                         bits: int = 4, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def dequantize_groupwise(
+    q: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor | None,
+    group_size: int,
+    bits: int = 4,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
     N, K = q.shape
     check_group_size(group_size, K)
     codes = q.float().reshape(N, K // group_size, group_size)  # (N, G, g)
@@ -110,8 +124,7 @@ def dequantize_groupwise(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Ten
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
     """Two 4-bit codes (0..15) per byte: (N, K) uint8 -> (N, K/2) uint8, even k in the low nibble."""
     if q.dtype != torch.uint8 or q.dim() != 2 or q.shape[1] % 2:
-        raise ValueError(f"q must be a 2-D uint8 tensor with an even number of columns; got {q.dtype} "
-                         f"{tuple(q.shape)}")
+        raise ValueError(f"q must be a 2-D uint8 tensor with an even number of columns; got {q.dtype} {tuple(q.shape)}")
     if int(q.max()) > 15:
         raise ValueError(f"q must hold 4-bit codes in [0, 15]; got max {int(q.max())}")
     return q[:, 0::2] | (q[:, 1::2] << 4)

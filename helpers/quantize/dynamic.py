@@ -2,6 +2,7 @@
 
 See helpers.quantize.linear's docstring ("dynamic") for why 7-bit codes are used where it does.
 """
+
 from __future__ import annotations
 
 import functools
@@ -17,8 +18,9 @@ def prepack_dynamic(q: torch.Tensor, scales: torch.Tensor):
     N = q.shape[0]
     with warnings.catch_warnings():  # torch >= 2.10 flags quantized tensors as deprecated; the op still ships
         warnings.simplefilter("ignore")
-        qw = torch._make_per_channel_quantized_tensor(q.cpu(), scales.double().cpu(),
-                                                      torch.zeros(N, dtype=torch.long), 0)
+        qw = torch._make_per_channel_quantized_tensor(
+            q.cpu(), scales.double().cpu(), torch.zeros(N, dtype=torch.long), 0
+        )
         return torch.ops.quantized.linear_prepack(qw, None)
 
 
@@ -40,8 +42,11 @@ def dynamic_int8_saturates(engine: str | None = None) -> bool:
 
 @functools.cache
 def _saturates(engine: str) -> bool:
-    if engine == "none" or engine not in torch.backends.quantized.supported_engines or \
-            not set(torch.backends.quantized.supported_engines) & {"fbgemm", "x86"}:
+    if (
+        engine == "none"
+        or engine not in torch.backends.quantized.supported_engines
+        or not set(torch.backends.quantized.supported_engines) & {"fbgemm", "x86"}
+    ):
         return False
     active = torch.backends.quantized.engine
     torch.backends.quantized.engine = engine  # the probe packs and runs under the engine asked about

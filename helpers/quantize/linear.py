@@ -57,6 +57,7 @@ multiplied by torch's real kernels (`kernel=`):
                   follow the torch source (its CUDA _weight_int8pack_mm runs one thread per output
                   element) and were not measured here.
 """
+
 from __future__ import annotations
 
 import logging
@@ -122,8 +123,9 @@ def resolve_kernel(method: str, kernel: str, device) -> str:
             return "int4pack" if "int4pack" in available else "reference"
         return "linear_then_scale" if device.type == "cuda" else "int8pack"
     if kernel not in available:
-        raise ValueError(f"kernel {kernel!r} is not available for {method} on {device.type}; "
-                         f"choose one of {available + ['auto']}")
+        raise ValueError(
+            f"kernel {kernel!r} is not available for {method} on {device.type}; choose one of {available + ['auto']}"
+        )
     return kernel
 
 
@@ -154,8 +156,9 @@ class QuantizedLinear(nn.Module):
             return
         if method == "int8":
             self.weight_bits = dynamic_weight_bits() if self.kernel == "dynamic" else 8
-            q, scales = arithmetic.quantize_absmax(w, bits=self.weight_bits, per_channel=True,
-                                                   scale_dtype=arithmetic.STORAGE_DTYPE)  # (N, K), (N, 1)
+            q, scales = arithmetic.quantize_absmax(
+                w, bits=self.weight_bits, per_channel=True, scale_dtype=arithmetic.STORAGE_DTYPE
+            )  # (N, K), (N, 1)
             self.register_buffer("scales", scales.reshape(N))  # (N,) bf16
             if self.kernel == "dynamic":
                 self._packed = prepack_dynamic(q, self.scales)  # fbgemm's own int8 layout (CPU only)
@@ -170,8 +173,9 @@ class QuantizedLinear(nn.Module):
             raise ValueError(f"in_features ({K}) must be a multiple of 32 for int4")
         if self.kernel == "int4pack" and self.device_type == "cuda" and N % 8:
             raise ValueError(f"out_features ({N}) must be a multiple of 8 for the CUDA int4 kernel")
-        q, scales, zeros = arithmetic.quantize_groupwise(w, bits=4, group_size=group_size,
-                                                         scale_dtype=arithmetic.STORAGE_DTYPE)
+        q, scales, zeros = arithmetic.quantize_groupwise(
+            w, bits=4, group_size=group_size, scale_dtype=arithmetic.STORAGE_DTYPE
+        )
         if self.kernel == "fused_dequant":
             self.register_buffer("qweight", arithmetic.pack_int4_halves(q, group_size))  # (N, G, g/2) uint8
             self.register_buffer("scales", scales)  # (N, G) bf16
@@ -182,12 +186,15 @@ class QuantizedLinear(nn.Module):
             self.register_buffer("zeros", zeros)  # (N, G) bf16
         else:
             self.register_buffer("qweight", pack_for_int4_kernel(q, inner_k_tiles(K)))  # opaque tiled layout
-            self.register_buffer("scales_and_zeros",  # (G, N, 2) bf16: what the int4 kernels read
-                                 torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous())
+            self.register_buffer(
+                "scales_and_zeros",  # (G, N, 2) bf16: what the int4 kernels read
+                torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous(),
+            )
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, method: str = "int8", group_size: int = 64,
-                    kernel: str = "auto") -> "QuantizedLinear":
+    def from_linear(
+        cls, linear: nn.Linear, method: str = "int8", group_size: int = 64, kernel: str = "auto"
+    ) -> "QuantizedLinear":
         if not isinstance(linear, nn.Linear):
             raise ValueError(f"linear must be an nn.Linear; got {type(linear).__name__}")
         if linear.bias is not None:
@@ -218,14 +225,18 @@ class QuantizedLinear(nn.Module):
         elif self.kernel == "reference":
             codes = arithmetic.unpack_int4(self.qweight)
         else:
-            raise ValueError("dequantized_weight of an int4 layer needs kernel='reference' or 'fused_dequant'; "
-                             f"got kernel={self.kernel!r}")
+            raise ValueError(
+                "dequantized_weight of an int4 layer needs kernel='reference' or 'fused_dequant'; "
+                f"got kernel={self.kernel!r}"
+            )
         return arithmetic.dequantize_groupwise(codes, self.scales, self.zeros, self.group_size, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type != self.device_type:
-            raise ValueError(f"input is on {x.device.type} but this layer was quantized for {self.device_type}: "
-                             "packed layouts are device-specific, so quantize on the device you run on")
+            raise ValueError(
+                f"input is on {x.device.type} but this layer was quantized for {self.device_type}: "
+                "packed layouts are device-specific, so quantize on the device you run on"
+            )
         if x.shape[-1] != self.in_features:
             raise ValueError(f"input's last dimension must be in_features={self.in_features}; got {x.shape[-1]}")
         if self.kernel == "reference":  # NEW work per call: a full-precision copy of the whole weight
@@ -245,11 +256,13 @@ class QuantizedLinear(nn.Module):
         elif self.kernel == "int8pack":  # the CPU kernel is fast only with bf16 activations
             y = torch.ops.aten._weight_int8pack_mm(x2.to(torch.bfloat16).contiguous(), self.qweight, self.scales)
         elif x2.device.type == "cuda":  # int4pack (tinygemm): bf16 activations, scales and zeros
-            y = torch.ops.aten._weight_int4pack_mm(x2.to(torch.bfloat16).contiguous(), self.qweight,
-                                                   self.group_size, self.scales_and_zeros)
+            y = torch.ops.aten._weight_int4pack_mm(
+                x2.to(torch.bfloat16).contiguous(), self.qweight, self.group_size, self.scales_and_zeros
+            )
         else:
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.to(torch.bfloat16).contiguous(), self.qweight,
-                                                           self.group_size, self.scales_and_zeros)
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x2.to(torch.bfloat16).contiguous(), self.qweight, self.group_size, self.scales_and_zeros
+            )
         return y.to(x.dtype).reshape(*lead, self.out_features)
 
     def _fused_dequant_row(self, x: torch.Tensor) -> torch.Tensor:
@@ -298,8 +311,10 @@ class QuantizedLinear(nn.Module):
     def extra_repr(self) -> str:
         g = f", group_size={self.group_size}" if self.group_size else ""
         bits = f", weight_bits={self.weight_bits}" if self.weight_bits == 7 else ""  # the saturation guard
-        return (f"in_features={self.in_features}, out_features={self.out_features}, method={self.method}{g}, "
-                f"kernel={self.kernel}{bits}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, method={self.method}{g}, "
+            f"kernel={self.kernel}{bits}"
+        )
 
 
 def pack_for_int4_kernel(q: torch.Tensor, inner_k_tiles: int) -> torch.Tensor:

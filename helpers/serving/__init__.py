@@ -4,6 +4,8 @@ an OpenAI-compatible HTTP server over it (chapter 14).
     block_pool.py    which KV blocks are free, reference counts, prefix-cache hashes, LRU eviction
     paged_cache.py   the block-structured K/V tensors: write by slot, gather through a block table
     model_runner.py  one forward pass over a ragged batch (prefill chunks and decodes together)
+    paged_attention.py  decode attention read in place through the block tables (a small C kernel)
+    row_tiles.py     batch-invariant matmuls: the row counts measured to give every row the same bits
     request.py       one request's state: tokens, blocks, sampling settings, timings
     scheduler.py     each step's batch: admission, token budget, chunked prefill, preemption
     static_scheduler.py  the static-batching baseline (policy="static"), as a subclass
@@ -25,10 +27,10 @@ an OpenAI-compatible HTTP server over it (chapter 14).
     rid = engine.submit(prompt_ids, max_tokens=64)
     outputs = engine.run()          # {request_id: generated ids}
 """
+
 from .block_pool import BlockPool, block_hash, prefix_hashes
 from .engine import Engine, StepOutput, StepRecord
 from .paged_cache import PagedKVCache
 from .request import Request
 
-__all__ = ["BlockPool", "block_hash", "prefix_hashes", "Engine", "StepOutput", "StepRecord", "PagedKVCache",
-           "Request"]
+__all__ = ["BlockPool", "block_hash", "prefix_hashes", "Engine", "StepOutput", "StepRecord", "PagedKVCache", "Request"]

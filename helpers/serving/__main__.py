@@ -15,6 +15,7 @@ they accept are in server.py and openai_api.py. `--parent-pid` ties its life to 
 
 Left out: TLS, several workers, reloading on code changes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,17 +29,25 @@ def main(argv=None) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-num-seqs", type=int, default=32, help="requests decoded together in one step")
     p.add_argument("--num-blocks", type=int, default=1024, help="KV cache blocks of 16 tokens in the pool")
-    p.add_argument("--max-pending", type=int, default=64,
-                   help="requests in flight (running + waiting) before new ones get HTTP 429")
+    p.add_argument(
+        "--max-pending",
+        type=int,
+        default=64,
+        help="requests in flight (running + waiting) before new ones get HTTP 429",
+    )
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--threads", type=int, default=1, help="torch threads for the engine")
     p.add_argument("--device", default="cpu", help="cpu, cuda or mps")
     p.add_argument("--parent-pid", type=int, default=None, help="exit when this process has gone")
-    p.add_argument("--parent-death-signal", action="store_true",
-                   help="also ask Linux to signal us when the parent thread that started us ends")
+    p.add_argument(
+        "--parent-death-signal",
+        action="store_true",
+        help="also ask Linux to signal us when the parent thread that started us ends",
+    )
     args = p.parse_args(argv)
 
     from .launch import die_with_parent
+
     if args.parent_pid is not None:  # before the slow imports: a parent killed during them is noticed too
         watch = die_with_parent(args.parent_pid, use_signal=args.parent_death_signal)
 
@@ -54,11 +63,18 @@ def main(argv=None) -> None:
     # shorter interval lets the event loop answer between the engine's Python steps.
     sys.setswitchinterval(float(os.environ.get("LLM_COURSE_SWITCH_INTERVAL", "0.0005")))
     model, tok = load_model("target", device=args.device)
-    app = create_app(model, tok, num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,
-                     max_pending=args.max_pending, enable_prefix_caching=not args.no_prefix_caching)
+    app = create_app(
+        model,
+        tok,
+        num_blocks=args.num_blocks,
+        max_num_seqs=args.max_num_seqs,
+        max_pending=args.max_pending,
+        enable_prefix_caching=not args.no_prefix_caching,
+    )
     # open streams get 2 s to finish when the server is told to stop; then it stops anyway
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                                           timeout_graceful_shutdown=2))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=2)
+    )
     if args.parent_pid is not None:
         watch.on_exit = lambda: setattr(server, "should_exit", True)
     print(f"serving {app.state.model_name} on http://{args.host}:{args.port}/v1", flush=True)

@@ -27,6 +27,7 @@ course bench can add them: `rows += [Row(**d) for d in serving_rows(model, tok, 
 
 Out of scope: a real network front end (chapter 14) and GPU runs (the same code runs there, untuned).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,29 +41,34 @@ from .engine import Engine
 from .step_profile import paged_step_seconds
 from .workload import RunResult, make_workload, run_engine, run_sequential
 
+# helpers.bench.Row's fields in its order (the course bench rebuilds its rows with Row(**d)); named here, not
+# imported, because the bench imports this module (nothing below it imports the bench)
+ROW_FIELDS = "name baseline candidate ratios baseline_abs candidate_abs target note same_output extra".split()
+
 
 def _row(name, baseline, candidate, ratio, baseline_abs, candidate_abs, target=None, note="", same=None, **extra):
-    return dict(name=name, baseline=baseline, candidate=candidate, ratios=[float(ratio)], baseline_abs=baseline_abs,
-                candidate_abs=candidate_abs, target=target, note=note, same_output=same, extra=extra)
+    """A row as a dict with helpers.bench.Row's fields (what serving_rows returns), with one ratio."""
+    values = (name, baseline, candidate, [float(ratio)], baseline_abs, candidate_abs, target, note, same, extra)
+    return dict(zip(ROW_FIELDS, values))
 
 
 def rows_paged_step(model, quick: bool) -> list[dict]:
     t = paged_step_seconds(model, batch=32, context=512, repeats=5 if quick else 11)
     ms = {k: f"{1e3 * t[k]:.1f} ms" for k in ("in_place", "gather", "dense")}
-    return [
-        _row("paged decode step B=32, 512 cached: in place vs gather", "gather", "in place",
-             t["gather"] / t["in_place"], ms["gather"], ms["in_place"], 1 / 0.7,
-             note=f"step {t['in_place'] / t['gather']:.2f}x the gather step (target <= 0.7x); "
-                  f"gather calls in the in-place step: {t['gather_calls']}"),
-        _row("paged decode step B=32, 512 cached: in place vs dense KVCache", "dense", "in place",
-             t["dense"] / t["in_place"], ms["dense"], ms["in_place"], 1 / 1.1,
-             note=f"step {t['in_place'] / t['dense']:.2f}x the dense step (target <= 1.1x)"),
-    ]
+    calls = f"; gather calls in the in-place step: {t['gather_calls']}"
+
+    def in_place_vs(other, label, limit, more=""):  # target: the in-place step at most `limit` x the other
+        note = f"step {t['in_place'] / t[other]:.2f}x the {other} step (target <= {limit:g}x){more}"
+        name = f"paged decode step B=32, 512 cached: in place vs {label}"
+        return _row(name, other, "in place", t[other] / t["in_place"], ms[other], ms["in_place"], 1 / limit, note)
+
+    return [in_place_vs("gather", "gather", 0.7, calls), in_place_vs("dense", "dense KVCache", 1.1)]
 
 
 def run_fast_sequential(model, workload) -> RunResult:
     """Each request alone through one FastGenerator (compiled once, before the clock starts), in order."""
     from ..fast_decode import FastGenerator
+
     longest = max(len(w.prompt) + w.max_tokens for w in workload)
     fast = FastGenerator(model, max_seq_len=longest)
     fast.warmup()
@@ -71,7 +77,7 @@ def run_fast_sequential(model, workload) -> RunResult:
         t0 = time.perf_counter()
         out = fast.generate(w.prompt, w.max_tokens)
         clock += time.perf_counter() - t0
-        outputs.append(out[0, len(w.prompt):].tolist())
+        outputs.append(out[0, len(w.prompt) :].tolist())
         times.append([clock])  # only the finish time is kept: throughput needs no more
     return RunResult("sequential FastGenerator", outputs, [w.arrival for w in workload], times)
 
@@ -83,16 +89,22 @@ def run_hf_generate_batch(model, workload, max_running: int) -> RunResult | None
     from transformers import GenerationConfig
 
     from ..hf import to_hf_llama
+
     hf = to_hf_llama(model)
     if not hasattr(hf, "continuous_batching_context_manager"):
         return None
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
-    config = GenerationConfig(max_new_tokens=max(w.max_tokens for w in workload), do_sample=False,
-                              eos_token_id=-1, pad_token_id=0)
+
+    config = GenerationConfig(
+        max_new_tokens=max(w.max_tokens for w in workload), do_sample=False, eos_token_id=-1, pad_token_id=0
+    )
     results = {}
     with hf.continuous_batching_context_manager(
-            generation_config=config, block=True, timeout=5,
-            continuous_batching_config=ContinuousBatchingConfig(max_requests_per_batch=max_running)) as manager:
+        generation_config=config,
+        block=True,
+        timeout=5,
+        continuous_batching_config=ContinuousBatchingConfig(max_requests_per_batch=max_running),
+    ) as manager:
         t0 = time.perf_counter()
         for i, w in enumerate(workload):
             manager.add_request(w.prompt, request_id=f"r{i}", max_new_tokens=w.max_tokens, eos_token_id=-1)
@@ -104,8 +116,9 @@ def run_hf_generate_batch(model, workload, max_running: int) -> RunResult | None
                 raise RuntimeError("transformers' continuous batching stopped before finishing")
         seconds = time.perf_counter() - t0
     outputs = [list(results[f"r{i}"].generated_tokens) for i in range(len(workload))]
-    return RunResult("transformers generate_batch", outputs, [w.arrival for w in workload],
-                     [[seconds] for _ in workload])
+    return RunResult(
+        "transformers generate_batch", outputs, [w.arrival for w in workload], [[seconds] for _ in workload]
+    )
 
 
 def rows_batching(model, tok, quick: bool) -> list[dict]:
@@ -117,32 +130,70 @@ def rows_batching(model, tok, quick: bool) -> list[dict]:
     static = run_engine(Engine(model, num_blocks=num_blocks, max_num_seqs=32, policy="static"), wl, "static")
     cont_engine = Engine(model, num_blocks=num_blocks, max_num_seqs=32)
     cont = run_engine(cont_engine, wl, "continuous")
-    differ = sum(a != b for a, b in zip(cont.outputs, seq.outputs))
     m = cont.engine_metrics
     contiguous_fit = num_blocks * cont_engine.block_size // model.cfg.max_seq_len
-    fast_differ = sum(a != b for a, b in zip(fast.outputs, seq.outputs))
+
+    def versus(name, baseline, base: RunResult, target, note="", same=None):  # continuous batching vs `base`
+        shown = [f"{r.throughput:.0f} tok/s" for r in (base, cont)]
+        return _row(name, baseline, "continuous", cont.throughput / base.throughput, *shown, target, note, same)
+
+    def differ_note(run, what, reference="generate"):  # how many of `run`'s outputs differ from sequential generate's
+        differ = sum(a != b for a, b in zip(run.outputs, seq.outputs))
+        return dict(note=f"{differ} of {n} {what} differ from {reference}", same=differ == 0)
+
     rows = [
-        _row(f"continuous batching vs sequential generate ({n} req, 32 running)", "sequential", "continuous",
-             cont.throughput / seq.throughput, f"{seq.throughput:.0f} tok/s", f"{cont.throughput:.0f} tok/s", 10.0,
-             note=f"{differ} of {n} outputs differ from sequential generate", same=differ == 0),
-        _row("continuous batching vs sequential FastGenerator (compiled)", "FastGenerator", "continuous",
-             cont.throughput / fast.throughput, f"{fast.throughput:.0f} tok/s", f"{cont.throughput:.0f} tok/s", 3.0,
-             note=f"{fast_differ} of {n} FastGenerator outputs differ from generate", same=fast_differ == 0),
-        _row("continuous vs static batching (same batch size 32)", "static", "continuous",
-             cont.throughput / static.throughput, f"{static.throughput:.0f} tok/s", f"{cont.throughput:.0f} tok/s", 1.7,
-             same=cont.outputs == static.outputs),
-        _row("KV slots holding live tokens (paged, block 16)", "allocated", "live", m["kv_utilisation"],
-             "", f"{m['kv_utilisation']:.1%}", 0.9, note=f"{m['preemptions']} preemptions"),
-        _row("requests running at once vs contiguous max-length reservation", "contiguous", "paged",
-             m["peak_running"] / contiguous_fit, f"{contiguous_fit} req", f"{m['peak_running']} req", 3.0),
+        versus(
+            f"continuous batching vs sequential generate ({n} req, 32 running)",
+            "sequential",
+            seq,
+            10.0,
+            **differ_note(cont, "outputs", "sequential generate"),
+        ),
+        versus(
+            "continuous batching vs sequential FastGenerator (compiled)",
+            "FastGenerator",
+            fast,
+            3.0,
+            **differ_note(fast, "FastGenerator outputs"),
+        ),
+        versus(
+            "continuous vs static batching (same batch size 32)",
+            "static",
+            static,
+            1.7,
+            same=cont.outputs == static.outputs,
+        ),
+        _row(
+            "KV slots holding live tokens (paged, block 16)",
+            "allocated",
+            "live",
+            m["kv_utilisation"],
+            "",
+            f"{m['kv_utilisation']:.1%}",
+            0.9,
+            note=f"{m['preemptions']} preemptions",
+        ),
+        _row(
+            "requests running at once vs contiguous max-length reservation",
+            "contiguous",
+            "paged",
+            m["peak_running"] / contiguous_fit,
+            f"{contiguous_fit} req",
+            f"{m['peak_running']} req",
+            3.0,
+        ),
     ]
     hf = run_hf_generate_batch(model, wl, 32)
     if hf is not None:
-        hf_differ = sum(a != b for a, b in zip(hf.outputs, seq.outputs))
-        rows.append(_row("continuous batching vs transformers generate_batch", "transformers", "continuous",
-                         cont.throughput / hf.throughput, f"{hf.throughput:.0f} tok/s",
-                         f"{cont.throughput:.0f} tok/s", 10.0,
-                         note=f"{hf_differ} of {n} transformers outputs differ from generate", same=hf_differ == 0))
+        rows.append(
+            versus(
+                "continuous batching vs transformers generate_batch",
+                "transformers",
+                hf,
+                10.0,
+                **differ_note(hf, "transformers outputs"),
+            )
+        )
     return rows
 
 
@@ -166,30 +217,52 @@ def rows_batch_invariance(model, tok, quick: bool) -> list[dict]:
         for inv in (False, True):
             runs[inv].append(run_engine(Engine(model, batch_invariant=inv, **args), wl, f"invariant={inv}"))
     tps = {inv: float(np.median([r.throughput for r in rs])) for inv, rs in runs.items()}
-    differ = {inv: sum(a != b for a, b in zip(run_alone(model, wl, batch_invariant=inv, **args), runs[inv][0].outputs))
-              for inv in (False, True)}
-    return [_row(f"batch-invariant mode vs default, tokens/s ({n} req, 32 running)", "default", "invariant",
-                 tps[True] / tps[False], f"{tps[False]:.0f} tok/s", f"{tps[True]:.0f} tok/s", 0.85,
-                 note=f"alone vs busy: {differ[True]} of {n} outputs differ in the mode (target 0), "
-                      f"{differ[False]} of {n} outside it; median of {len(runs[True])} interleaved runs",
-                 same=differ[True] == 0)]
+    differ = {
+        inv: sum(a != b for a, b in zip(run_alone(model, wl, batch_invariant=inv, **args), runs[inv][0].outputs))
+        for inv in (False, True)
+    }
+    return [
+        _row(
+            f"batch-invariant mode vs default, tokens/s ({n} req, 32 running)",
+            "default",
+            "invariant",
+            tps[True] / tps[False],
+            f"{tps[False]:.0f} tok/s",
+            f"{tps[True]:.0f} tok/s",
+            0.85,
+            note=f"alone vs busy: {differ[True]} of {n} outputs differ in the mode (target 0), "
+            f"{differ[False]} of {n} outside it; median of {len(runs[True])} interleaved runs",
+            same=differ[True] == 0,
+        )
+    ]
 
 
 def rows_prefix_caching(model, tok, quick: bool) -> list[dict]:
     n = 12 if quick else 32
     wl = make_workload(tok, n, rate=4.0, prompt_len=(16, 64), output_len=(16, 64), seed=1, shared_prefix_len=512)
     plain = run_engine(Engine(model, num_blocks=1024, max_num_seqs=32), wl, "no prefix caching")
-    cached = run_engine(Engine(model, num_blocks=1024, max_num_seqs=32, enable_prefix_caching=True), wl,
-                        "prefix caching")
-    return [_row(f"prefix caching: TTFT p50, {n} req sharing 512 tokens", "no caching", "caching",
-                 plain.ttft_p50 / cached.ttft_p50, f"{1e3 * plain.ttft_p50:.0f} ms", f"{1e3 * cached.ttft_p50:.0f} ms",
-                 5.0, note=f"hit rate {cached.engine_metrics['prefix_cache_hit_rate']:.0%}",
-                 same=plain.outputs == cached.outputs)]
+    cached = run_engine(
+        Engine(model, num_blocks=1024, max_num_seqs=32, enable_prefix_caching=True), wl, "prefix caching"
+    )
+    return [
+        _row(
+            f"prefix caching: TTFT p50, {n} req sharing 512 tokens",
+            "no caching",
+            "caching",
+            plain.ttft_p50 / cached.ttft_p50,
+            f"{1e3 * plain.ttft_p50:.0f} ms",
+            f"{1e3 * cached.ttft_p50:.0f} ms",
+            5.0,
+            note=f"hit rate {cached.engine_metrics['prefix_cache_hit_rate']:.0%}",
+            same=plain.outputs == cached.outputs,
+        )
+    ]
 
 
 def chunked_workload(tok, quick: bool):
-    short = make_workload(tok, 8 if quick else 16, rate=None, prompt_len=(16, 32),
-                          output_len=(96, 128) if quick else (160, 256), seed=2)
+    short = make_workload(
+        tok, 8 if quick else 16, rate=None, prompt_len=(16, 32), output_len=(96, 128) if quick else (160, 256), seed=2
+    )
     long = make_workload(tok, 4 if quick else 8, rate=4.0, prompt_len=(600, 760), output_len=(8, 16), seed=3)
     long = [type(w)(w.prompt, w.max_tokens, w.arrival + 0.5) for w in long]  # they arrive once decoding runs
     return short + long, len(short)
@@ -198,16 +271,27 @@ def chunked_workload(tok, quick: bool):
 def rows_chunked_prefill(model, tok, quick: bool) -> list[dict]:
     wl, n_short = chunked_workload(tok, quick)
     rows = []
-    for label, kw in (("without chunking", dict(chunked_prefill=False)),
-                      ("chunked, 64-token budget", dict(max_num_batched_tokens=64)),
-                      ("chunked, 32-token budget", dict(max_num_batched_tokens=32))):
+    for label, kw in (
+        ("without chunking", dict(chunked_prefill=False)),
+        ("chunked, 64-token budget", dict(max_num_batched_tokens=64)),
+        ("chunked, 32-token budget", dict(max_num_batched_tokens=32)),
+    ):
         r = run_engine(Engine(model, num_blocks=1024, max_num_seqs=32, **kw), wl, label)
         itl = [b - a for t in r.token_times[:n_short] for a, b in zip(t, t[1:])]  # the running requests
         itl.sort()
         p50, p99 = itl[len(itl) // 2], itl[int(0.99 * (len(itl) - 1))]
-        rows.append(_row(f"running requests' ITL p99 / p50, {label}", "p50", "p99", p99 / p50,
-                         f"{1e3 * p50:.1f} ms", f"{1e3 * p99:.1f} ms", None,
-                         note="target: chunked <= 2x" if "chunked" in label else ""))
+        rows.append(
+            _row(
+                f"running requests' ITL p99 / p50, {label}",
+                "p50",
+                "p99",
+                p99 / p50,
+                f"{1e3 * p50:.1f} ms",
+                f"{1e3 * p99:.1f} ms",
+                None,
+                note="target: chunked <= 2x" if "chunked" in label else "",
+            )
+        )
     return rows
 
 
@@ -216,6 +300,7 @@ def rows_goodput(model, tok, quick: bool) -> list[dict]:
     Targets, stated relative to this machine's batch-1 decode step s (so they mean the same on any CPU):
     TTFT <= 100 s, TPOT <= 5 s. The row reports the best goodput each design reaches over the rates."""
     from ..measure.timing import decode_step_seconds
+
     step = decode_step_seconds(model)
     ttft_target, tpot_target = 100 * step, 5 * step
     n = 16 if quick else 48
@@ -227,21 +312,35 @@ def rows_goodput(model, tok, quick: bool) -> list[dict]:
         cont = run_engine(Engine(model, num_blocks=1024, max_num_seqs=32, max_num_batched_tokens=64), wl, "cont")
         best["sequential"] = max(best["sequential"], seq.goodput(ttft_target, tpot_target))
         best["continuous"] = max(best["continuous"], cont.goodput(ttft_target, tpot_target))
-    return [_row(f"goodput, continuous + chunked prefill vs sequential ({n} req, Poisson)", "sequential",
-                 "continuous", best["continuous"] / max(best["sequential"], 1e-9), f"{best['sequential']:.2f} req/s",
-                 f"{best['continuous']:.2f} req/s", 4.0,
-                 note=f"TTFT <= {1e3 * ttft_target:.0f} ms, TPOT <= {1e3 * tpot_target:.1f} ms "
-                      f"(100 and 5 batch-1 steps); best over rates {', '.join(f'{r:g}' for r in rates)} req/s")]
+    return [
+        _row(
+            f"goodput, continuous + chunked prefill vs sequential ({n} req, Poisson)",
+            "sequential",
+            "continuous",
+            best["continuous"] / max(best["sequential"], 1e-9),
+            f"{best['sequential']:.2f} req/s",
+            f"{best['continuous']:.2f} req/s",
+            4.0,
+            note=f"TTFT <= {1e3 * ttft_target:.0f} ms, TPOT <= {1e3 * tpot_target:.1f} ms "
+            f"(100 and 5 batch-1 steps); best over rates {', '.join(f'{r:g}' for r in rates)} req/s",
+        )
+    ]
 
 
 def serving_rows(model, tok, quick: bool = False) -> list[dict]:
-    return (rows_paged_step(model, quick) + rows_batching(model, tok, quick) + rows_batch_invariance(model, tok, quick)
-            + rows_prefix_caching(model, tok, quick)
-            + rows_chunked_prefill(model, tok, quick) + rows_goodput(model, tok, quick))
+    return (
+        rows_paged_step(model, quick)
+        + rows_batching(model, tok, quick)
+        + rows_batch_invariance(model, tok, quick)
+        + rows_prefix_caching(model, tok, quick)
+        + rows_chunked_prefill(model, tok, quick)
+        + rows_goodput(model, tok, quick)
+    )
 
 
 def main(argv=None):
     from ..checkpoint import load_model
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", help="also write the rows to this file")
@@ -253,8 +352,10 @@ def main(argv=None):
     for r in rows:
         goal = "" if r["target"] is None else f"target {r['target']:g}"
         same = "" if r["same_output"] is None else ("same tokens" if r["same_output"] else "tokens differ")
-        print(f"{r['name']:64s} {r['ratios'][0]:6.2f}  {r['baseline_abs']:>10s} -> {r['candidate_abs']:<10s} "
-              f"{goal:10s} {same} {r['note']}")
+        print(
+            f"{r['name']:64s} {r['ratios'][0]:6.2f}  {r['baseline_abs']:>10s} -> {r['candidate_abs']:<10s} "
+            f"{goal:10s} {same} {r['note']}"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

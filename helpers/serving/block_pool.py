@@ -21,6 +21,7 @@ Out of scope (vLLM has them): copy-on-write forking of a block shared by two seq
 parallel sampling), swapping blocks to CPU memory, multiple KV cache groups (sliding-window and full
 layers with different block tables), and hash salts per tenant (cache isolation).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -39,7 +40,7 @@ def prefix_hashes(token_ids, block_size: int) -> list[bytes]:
     """Chained hashes of every *full* block of `token_ids` (a partly filled last block gets none)."""
     hashes, parent = [], ROOT_HASH
     for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = block_hash(parent, token_ids[start:start + block_size])
+        parent = block_hash(parent, token_ids[start : start + block_size])
         hashes.append(parent)
     return hashes
 

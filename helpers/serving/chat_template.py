@@ -30,6 +30,7 @@ LLAMA3_TEMPLATE is for rendering and counting only.
 Left out: tool calls, images, names on messages, `bos_token`/`raise_exception` template globals, and
 templates that need anything but `messages` and `add_generation_prompt`.
 """
+
 from __future__ import annotations
 
 import re
@@ -40,21 +41,25 @@ ROLES = ("system", "user", "assistant")
 
 CHATML_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 CHATML_SPECIALS = {"<|im_start|>": "<|bos|>", "<|im_end|>": "<|eos|>"}  # marker -> course special token
 
 LLAMA3_TEMPLATE = (
     "<|begin_of_text|>{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n"
     "{{ m.content | trim }}<|eot_id|>{% endfor %}"
-    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
 
 PYFILE_TEMPLATE = (
     "{% for m in messages %}{% if m.role == 'assistant' %}{{ m.content }}\n"
-    "{% else %}# {{ m.content | replace('\n', '\n# ') }}\n{% endif %}{% endfor %}")
+    "{% else %}# {{ m.content | replace('\n', '\n# ') }}\n{% endif %}{% endfor %}"
+)
 
 PLAIN_TEMPLATE = (
     "{% for m in messages %}### {{ m.role }}\n{{ m.content.rstrip('\\n') }}\n{% endfor %}"
-    "{% if add_generation_prompt %}### assistant\n{% endif %}")
+    "{% if add_generation_prompt %}### assistant\n{% endif %}"
+)
 TURN_HEADER = "### {role}\n"
 TURN_STOP = "\n### "  # the beginning of any next turn in PLAIN_TEMPLATE: the reply ends there
 
@@ -93,8 +98,13 @@ def render_chat(messages: list[dict]) -> str:
     return render(PLAIN_TEMPLATE, messages)
 
 
-def chat_token_ids(tok, messages: list[dict], template: str = CHATML_TEMPLATE, specials: dict | None = None,
-                   add_generation_prompt: bool = True) -> list[int]:
+def chat_token_ids(
+    tok,
+    messages: list[dict],
+    template: str = CHATML_TEMPLATE,
+    specials: dict | None = None,
+    add_generation_prompt: bool = True,
+) -> list[int]:
     """Token ids of a conversation: the template's text, with each marker in `specials` (marker -> the name of
     one of `tok.special_tokens`) as that special token's id and everything else through `tok.encode`.
     specials=None means CHATML_SPECIALS; {} encodes the markers as plain text (what goes wrong when a
@@ -103,16 +113,18 @@ def chat_token_ids(tok, messages: list[dict], template: str = CHATML_TEMPLATE, s
     specials = CHATML_SPECIALS if specials is None else specials
     unknown = [name for name in specials.values() if name not in tok.special_tokens]
     if unknown:
-        raise ValueError(f"specials maps to {unknown}, which are not among the tokenizer's special tokens "
-                         f"{list(tok.special_tokens)}")
+        raise ValueError(
+            f"specials maps to {unknown}, which are not among the tokenizer's special tokens {list(tok.special_tokens)}"
+        )
     text = render(template, messages, add_generation_prompt)
     if not specials:
         return tok.encode(text)
     for i, m in enumerate(messages):
         for marker in specials:
             if marker in m["content"]:
-                raise ValueError(f"messages[{i}].content contains the marker {marker!r}, which only the template "
-                                 "may write")
+                raise ValueError(
+                    f"messages[{i}].content contains the marker {marker!r}, which only the template may write"
+                )
     ids = []
     for piece in re.split("(" + "|".join(map(re.escape, specials)) + ")", text):
         if piece in specials:

@@ -19,6 +19,7 @@ is greedy (the engine's rule).
 
 Left out: `best_of`, `echo`, `suffix`, `logit_bias`, tool calls.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -43,30 +44,49 @@ class Completions:
         self.max_token_bytes = max(len(tokenizer.decode_bytes([i])) for i in range(tokenizer.vocab_size))
 
     # --- the body -> engine requests ---------------------------------------------------------------
-    def engine_requests(self, body: SamplingParams, prompt_text: str, prompt_field: str,
-                        extra_stops: list[str]) -> tuple[list[int], list[dict]]:
+    def engine_requests(
+        self, body: SamplingParams, prompt_text: str, prompt_field: str, extra_stops: list[str]
+    ) -> tuple[list[int], list[dict]]:
         """Tokenize and turn the body into the engine's keyword arguments, one set per choice."""
         if body.model != self.model_name:
-            raise APIError(400, f"model {body.model!r} does not exist; this server serves {self.model_name!r}",
-                           param="model", code="model_not_found")
+            raise APIError(
+                400,
+                f"model {body.model!r} does not exist; this server serves {self.model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
         if len(prompt_text.encode("utf-8")) > self.ctx * self.max_token_bytes:  # more tokens than the window
-            raise APIError(400, f"the prompt is longer than the context window of {self.ctx} tokens",
-                           param=prompt_field, code="context_length_exceeded")
+            raise APIError(
+                400,
+                f"the prompt is longer than the context window of {self.ctx} tokens",
+                param=prompt_field,
+                code="context_length_exceeded",
+            )
         prompt_ids = self.tok.encode(prompt_text, bos=True)
         ext = body.extensions
-        sampling = sampling_config(temperature=body.temperature, top_p=body.top_p, top_k=ext.top_k,
-                                   min_p=ext.min_p, repetition_penalty=ext.repetition_penalty)
+        sampling = sampling_config(
+            temperature=body.temperature,
+            top_p=body.top_p,
+            top_k=ext.top_k,
+            min_p=ext.min_p,
+            repetition_penalty=ext.repetition_penalty,
+        )
         stops = body.stop_strings() + extra_stops
         choices = []
         for i in range(body.n):
             procs = []
             if body.presence_penalty or body.frequency_penalty:
                 procs.append(generated_only_penalties(len(prompt_ids), body.presence_penalty, body.frequency_penalty))
-            choices.append(dict(max_tokens=body.max_tokens, sampling=sampling,
-                                seed=None if body.seed is None else body.seed + i,
-                                eos_id=None if ext.ignore_eos else self.tok.eos_id,
-                                stop_criteria=[TextStop(self.tok, stops)] if stops else [],
-                                logits_processors=procs))
+            choices.append(
+                dict(
+                    max_tokens=body.max_tokens,
+                    sampling=sampling,
+                    seed=None if body.seed is None else body.seed + i,
+                    eos_id=None if ext.ignore_eos else self.tok.eos_id,
+                    stop_criteria=[TextStop(self.tok, stops)] if stops else [],
+                    logits_processors=procs,
+                )
+            )
         return prompt_ids, choices
 
     async def _start(self, prompt_ids, choices, logprobs, prompt_field: str) -> list[tuple[str, asyncio.Queue]]:
@@ -84,8 +104,7 @@ class Completions:
             self.worker.release(len(choices))
             if isinstance(e, InvalidParameter) and e.param in ("prompt", *CLIENT_FIELDS):
                 code = "context_length_exceeded" if "context window" in str(e) or "KV blocks" in str(e) else None
-                raise APIError(400, str(e), param=prompt_field if e.param == "prompt" else e.param,
-                               code=code) from None
+                raise APIError(400, str(e), param=prompt_field if e.param == "prompt" else e.param, code=code) from None
             raise
         return started
 
@@ -97,8 +116,11 @@ class Completions:
         run = _Run(self, body, started, chat, logprobs, len(prompt_ids))
         watcher = asyncio.create_task(run.cancel_on_disconnect(request.receive))
         if body.stream:
-            return StreamingResponse(run.stream(watcher), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return StreamingResponse(
+                run.stream(watcher),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
         return await run.collect(watcher)
 
 
@@ -158,13 +180,17 @@ class _Run:
                         reason = finish_reason(event.finish_reason) if event.finished else None
                         if delta or reason or (logprobs is not None and event.token is not None):
                             if self.chat:
-                                choice = {"index": i, "delta": {"content": delta} if delta else {},
-                                          "finish_reason": reason}
+                                choice = {
+                                    "index": i,
+                                    "delta": {"content": delta} if delta else {},
+                                    "finish_reason": reason,
+                                }
                             else:
                                 choice = {"index": i, "text": delta, "finish_reason": reason, "logprobs": None}
                                 if logprobs is not None and event.token is not None:
-                                    choice["logprobs"] = logprobs_piece(tok, [event], text.sent - len(delta),
-                                                                        [tok.decode([event.token])])
+                                    choice["logprobs"] = logprobs_piece(
+                                        tok, [event], text.sent - len(delta), [tok.decode([event.token])]
+                                    )
                             yield self.chunk([choice])
                         if not event.finished:
                             getters[asyncio.ensure_future(self.started[i][1].get())] = i
@@ -198,12 +224,17 @@ class _Run:
         for i, t in enumerate(self.texts):
             text = t.delta(True)
             if self.chat:
-                out.append({"index": i, "message": {"role": "assistant", "content": text},
-                            "finish_reason": finish_reason(reasons[i])})
+                out.append(
+                    {
+                        "index": i,
+                        "message": {"role": "assistant", "content": text},
+                        "finish_reason": finish_reason(reasons[i]),
+                    }
+                )
                 continue
             lp = None
             if self.logprobs is not None:
-                kept = seen[i][:_tokens_within(tok, t.ids, len(text))]
+                kept = seen[i][: _tokens_within(tok, t.ids, len(text))]
                 lp = logprobs_piece(tok, kept, 0, [tok.decode([e.token]) for e in kept])
             out.append({"index": i, "text": text, "logprobs": lp, "finish_reason": finish_reason(reasons[i])})
         n_out = sum(len(t.ids) for t in self.texts)
@@ -231,8 +262,10 @@ def sampling_config(**settings) -> SamplingConfig:
 def generated_only_penalties(prompt_len: int, presence: float, frequency: float):
     """OpenAI's presence and frequency penalties over generated tokens only (sampling.apply_penalties, which
     counts whatever ids it is given, gets the ids after the prompt)."""
+
     def penalise(ids, logits):  # (1, T), (1, V)
         return apply_penalties(logits, ids[:, prompt_len:], presence_penalty=presence, frequency_penalty=frequency)
+
     return penalise
 
 
@@ -259,8 +292,8 @@ class ChoiceText:
             safe = cut_at_stop_string(text, self.stops) if self.stops else text
         else:
             safe = text.rstrip("\ufffd")
-            safe = safe[:max(self.sent, len(safe) - self.hold)]
-        out = safe[self.sent:]
+            safe = safe[: max(self.sent, len(safe) - self.hold)]
+        out = safe[self.sent :]
         self.sent = max(self.sent, len(safe))
         return out
 
@@ -272,10 +305,14 @@ def finish_reason(engine_reason: str | None) -> str | None:
 
 
 def logprobs_piece(tok, events: list[TokenEvent], offset: int, texts: list[str]) -> dict:
-    return {"tokens": texts, "token_logprobs": [e.logprob for e in events],
-            "top_logprobs": [{tok.decode([t]): v for t, v in (e.top_logprobs or {}).items()} for e in events]
-            if events and events[0].top_logprobs is not None else None,
-            "text_offset": [offset + sum(len(t) for t in texts[:k]) for k in range(len(texts))]}
+    return {
+        "tokens": texts,
+        "token_logprobs": [e.logprob for e in events],
+        "top_logprobs": [{tok.decode([t]): v for t, v in (e.top_logprobs or {}).items()} for e in events]
+        if events and events[0].top_logprobs is not None
+        else None,
+        "text_offset": [offset + sum(len(t) for t in texts[:k]) for k in range(len(texts))],
+    }
 
 
 def _tokens_within(tokenizer, ids: list[int], n_chars: int) -> int:

@@ -37,6 +37,7 @@ Out of scope (vLLM has them): a separate process for the engine core and a detok
 streaming, n > 1 / best-of, logprobs, guided decoding, speculative decoding inside the engine, and
 multi-LoRA batching.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -52,6 +53,7 @@ from .block_pool import BlockPool
 from .model_runner import DECODE_ATTENTION, SequenceChunk, default_decode_attention, forward_step
 from .paged_cache import PagedKVCache
 from .request import FINISHED, Request
+from .row_tiles import invariant_widths
 from .scheduler import Scheduler
 from .static_scheduler import StaticScheduler
 
@@ -67,6 +69,7 @@ class StepOutput:
 @dataclass
 class StepRecord:
     """What one step did, for the metrics."""
+
     start: float
     duration: float
     num_tokens: int  # tokens computed (prefill + decode)
@@ -80,10 +83,20 @@ class StepRecord:
 
 
 class Engine:
-    def __init__(self, model, num_blocks: int, block_size: int = 16, max_num_seqs: int = 32,
-                 max_num_batched_tokens: int | None = None, enable_prefix_caching: bool = False,
-                 chunked_prefill: bool = True, policy: str = "continuous", step_log: int | None = None,
-                 decode_attention: str | None = None, batch_invariant: bool = False):
+    def __init__(
+        self,
+        model,
+        num_blocks: int,
+        block_size: int = 16,
+        max_num_seqs: int = 32,
+        max_num_batched_tokens: int | None = None,
+        enable_prefix_caching: bool = False,
+        chunked_prefill: bool = True,
+        policy: str = "continuous",
+        step_log: int | None = None,
+        decode_attention: str | None = None,
+        batch_invariant: bool = False,
+    ):
         """policy: "continuous", or "static" (the baseline, static_scheduler.py). step_log: keep the last
         step_log StepRecords in `steps` (None: every one). decode_attention: "in_place" (blocks read where
         they lie), "gather" (a dense copy first), None: the default for this model (model_runner.py). Each
@@ -93,36 +106,46 @@ class Engine:
         whatever else runs in its steps (alone, or among max_num_seqs - 1 others), on a given machine.
         Without it a row's logits can change with its neighbours: the BLAS picks its blocking, and so the
         order of each dot product's sum, by the number of rows M of the step, and a near-tie then flips a
-        greedy token. How: every matmul runs on tiles of exactly max_num_seqs rows (model_runner.py), a
-        prompt is computed in the same chunks of max_num_batched_tokens - max_num_seqs tokens (the whole
-        prompt without chunked prefill) whatever else runs, a preempted request replays the same pieces
-        (scheduler.py), and attention is one request at a time. Cost: padding rows in steps of fewer than
-        max_num_seqs rows (a tail of few requests, or a request alone), and a prompt chunk that does not fit
-        a step's leftover budget waits a step instead of being cut (helpers/serving/bench.py measures the
-        tokens/s). Left out: the same request on another machine, thread count or torch build (other
-        kernels), another max_num_seqs or max_num_batched_tokens, or with sampling's own randomness shared
-        (a request without a seed draws from torch's global generator, whose state depends on the others);
-        prefix caching and the static policy are refused in this mode (a cached prefix was computed in
-        another request's chunks)."""
-        max_num_batched_tokens = params.check_engine_args(
-            model, num_blocks, block_size, max_num_seqs, max_num_batched_tokens, enable_prefix_caching,
-            chunked_prefill, policy, step_log)
-        fixed_chunk = params.check_batch_invariant(model, batch_invariant, policy, enable_prefix_caching,
-                                                   chunked_prefill, max_num_seqs, max_num_batched_tokens)
+        greedy token. How: every matmul runs on tiles whose number of rows stays in a range the library is
+        measured to treat alike (row_tiles.py: on x86 with MKL, from a few rows up; where no such range
+        is found, exactly max_num_seqs rows), a prompt is computed in the same chunks of max_num_batched_tokens -
+        max_num_seqs tokens (the whole prompt without chunked prefill) whatever else runs, a preempted
+        request replays the same pieces (scheduler.py), and attention is one request at a time. Cost: the
+        measurement, once per process (about a second); zero rows padding a step smaller than the range;
+        a prompt chunk that does not fit a step's leftover budget waits a step instead of being cut; and,
+        where no range is found, every step padded to max_num_seqs rows, the tail of a workload included
+        (helpers/serving/bench.py measures the tokens/s). Left out: the same request on another machine,
+        thread count or torch build (other kernels), another max_num_seqs or max_num_batched_tokens, or
+        with sampling's own randomness shared (a request without a seed draws from torch's global
+        generator, whose state depends on the others); prefix caching and the static policy are refused
+        in this mode (a cached prefix was computed in another request's chunks)."""
+        params.check_kv_pool(model, num_blocks, block_size, max_num_seqs)
+        max_num_batched_tokens = params.check_scheduling(
+            model.cfg, max_num_seqs, max_num_batched_tokens, enable_prefix_caching, chunked_prefill, policy, step_log
+        )
+        fixed_chunk = params.check_batch_invariant(
+            model, batch_invariant, policy, enable_prefix_caching, chunked_prefill, max_num_seqs, max_num_batched_tokens
+        )
         self.batch_invariant = batch_invariant
-        self.row_tile = max_num_seqs if batch_invariant else None  # every matmul's M in the mode
+        # every matmul's number of rows in the mode: from lo to hi (row_tiles.py)
+        self.row_widths = invariant_widths(model, max_num_batched_tokens, max_num_seqs) if batch_invariant else None
         self.model, self.block_size, self.step_log = model, block_size, step_log
         if decode_attention is None:
             decode_attention = default_decode_attention(model, block_size)
         if decode_attention not in DECODE_ATTENTION:
-            raise params.InvalidParameter("decode_attention", f"decode_attention must be one of "
-                                          f"{DECODE_ATTENTION} or None; got {decode_attention!r}")
+            raise params.InvalidParameter(
+                "decode_attention",
+                f"decode_attention must be one of {DECODE_ATTENTION} or None; got {decode_attention!r}",
+            )
         self.decode_attention = decode_attention
         self.cache = PagedKVCache.for_model(model, num_blocks, block_size)
         self.pool = BlockPool(num_blocks, enable_prefix_caching)
         args = (self.pool, block_size, max_num_seqs, max_num_batched_tokens, chunked_prefill)
-        self.scheduler = StaticScheduler(*args, context_limit=model.cfg.max_seq_len) if policy == "static" \
+        self.scheduler = (
+            StaticScheduler(*args, context_limit=model.cfg.max_seq_len)
+            if policy == "static"
             else Scheduler(*args, fixed_chunk=fixed_chunk)
+        )
         self.requests: dict[str, Request] = {}
         self.steps: list[StepRecord] = []
         self.num_steps = 0  # every step so far (the log may keep fewer)
@@ -131,9 +154,20 @@ class Engine:
         self.reset_timings()
 
     # --- the public API ---------------------------------------------------------------------------
-    def submit(self, prompt, max_tokens: int, *, sampling=None, seed: int | None = None,
-               eos_id: int | None = None, stop_sequences=(), stop_criteria=(), logits_processors=(),
-               request_id: str | None = None, arrival_time: float | None = None) -> str:
+    def submit(
+        self,
+        prompt,
+        max_tokens: int,
+        *,
+        sampling=None,
+        seed: int | None = None,
+        eos_id: int | None = None,
+        stop_sequences=(),
+        stop_criteria=(),
+        logits_processors=(),
+        request_id: str | None = None,
+        arrival_time: float | None = None,
+    ) -> str:
         """Queue a request; returns its id.
 
         prompt: a list of token ids, a 1-D tensor or a (1, T) tensor (one request; a batch is refused).
@@ -159,8 +193,16 @@ class Engine:
         generator = torch.Generator(device=self.model.device).manual_seed(seed) if seed is not None else None
         check_generator(generator)
         request_id = str(next(self._ids)) if request_id is None else request_id
-        r = self.scheduler.request_type(request_id, prompt, max_tokens, sampling, generator, stop, logits_processors,
-                                        self.time if arrival_time is None else arrival_time)
+        r = self.scheduler.request_type(
+            request_id,
+            prompt,
+            max_tokens,
+            sampling,
+            generator,
+            stop,
+            logits_processors,
+            self.time if arrival_time is None else arrival_time,
+        )
         self.requests[request_id] = r
         self.scheduler.add(r)
         return request_id
@@ -207,12 +249,19 @@ class Engine:
         for s in scheduled:
             r = s.request
             ids = r.ids(r.num_computed, r.num_computed + s.num_tokens)
-            chunks.append(SequenceChunk(ids, r.num_computed, r.block_table,
-                                        r.num_computed + s.num_tokens == r.num_tokens,
-                                        None if r.finished else r.request_id))  # a padded row's KV is nobody's
+            chunks.append(
+                SequenceChunk(
+                    ids,
+                    r.num_computed,
+                    r.block_table,
+                    r.num_computed + s.num_tokens == r.num_tokens,
+                    None if r.finished else r.request_id,
+                )
+            )  # a padded row's KV is nobody's
         t_chunks = time.perf_counter()
-        logits = forward_step(self.model, self.cache, chunks, self.decode_attention, self.timings,
-                              self.row_tile)  # (n_sampled, V)
+        logits = forward_step(
+            self.model, self.cache, chunks, self.decode_attention, self.timings, self.row_widths
+        )  # (n_sampled, V)
         t_forward = time.perf_counter()
         sampled = [s.request for s, c in zip(scheduled, chunks) if c.want_logits]
         tokens = self._sample(sampled, logits)
@@ -257,8 +306,14 @@ class Engine:
         engine's own Python before and after the forward pass: chunks, counters, the step log, stops)."""
         tm, n = self.timings, max(self.timings["steps"], 1)
         rest = tm["forward"] - tm.get("inputs", 0.0) - tm.get("attention", 0.0)
-        parts = dict(schedule=tm["schedule"], inputs=tm.get("inputs", 0.0), attention=tm.get("attention", 0.0),
-                     matmuls_and_rest=rest, sample=tm["sample"], bookkeeping=tm["bookkeeping"])
+        parts = dict(
+            schedule=tm["schedule"],
+            inputs=tm.get("inputs", 0.0),
+            attention=tm.get("attention", 0.0),
+            matmuls_and_rest=rest,
+            sample=tm["sample"],
+            bookkeeping=tm["bookkeeping"],
+        )
         return {k: v / n for k, v in parts.items()}
 
     def run(self) -> dict[str, list[int]]:
@@ -269,10 +324,16 @@ class Engine:
 
     def stats(self) -> dict:
         """A cheap snapshot for a server's /metrics: requests and blocks now."""
-        return dict(running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
-                    kv_blocks_total=self.pool.num_blocks, kv_blocks_free=self.pool.num_free,
-                    kv_blocks_used=self.pool.num_used, block_size=self.block_size, steps=self.num_steps,
-                    preemptions=self.scheduler.num_preemptions)
+        return dict(
+            running=len(self.scheduler.running),
+            waiting=len(self.scheduler.waiting),
+            kv_blocks_total=self.pool.num_blocks,
+            kv_blocks_free=self.pool.num_free,
+            kv_blocks_used=self.pool.num_used,
+            block_size=self.block_size,
+            steps=self.num_steps,
+            preemptions=self.scheduler.num_preemptions,
+        )
 
     def metrics(self) -> dict:
         """Totals over the step log (every step unless `step_log` bounds it; see StepRecord)."""
@@ -280,46 +341,65 @@ class Engine:
         generated = sum(len(r.output) for r in self.requests.values())
         alloc = sum(s.allocated_slots for s in steps)
         return dict(
-            steps=len(steps), generated_tokens=generated, engine_time_s=self.time,
+            steps=len(steps),
+            generated_tokens=generated,
+            engine_time_s=self.time,
             busy_time_s=sum(s.duration for s in steps),
             kv_utilisation=sum(s.live_tokens for s in steps) / alloc if alloc else float("nan"),
             peak_running=max((s.num_running for s in steps), default=0),
-            preemptions=self.scheduler.num_preemptions, recomputed_tokens=self.scheduler.recomputed_tokens,
+            preemptions=self.scheduler.num_preemptions,
+            recomputed_tokens=self.scheduler.recomputed_tokens,
             prefix_cache_hit_rate=self.pool.hits / self.pool.queries if self.pool.queries else 0.0,
-            free_blocks=self.pool.num_free, num_blocks=self.pool.num_blocks,
-            finished=len(done), waiting=len(self.scheduler.waiting), running=len(self.scheduler.running),
+            free_blocks=self.pool.num_free,
+            num_blocks=self.pool.num_blocks,
+            finished=len(done),
+            waiting=len(self.scheduler.waiting),
+            running=len(self.scheduler.running),
         )
 
     # --- inside a step ----------------------------------------------------------------------------
     def _log_step(self, start: float, scheduled, preempted: int = 0) -> None:
         running = self.scheduler.running
         self.num_steps += 1
-        self.steps.append(StepRecord(
-            start, self.time - start, sum(s.num_tokens for s in scheduled),
-            sum(1 for s in scheduled if s.num_tokens == 1), len(running),
-            live_tokens=self._filled_slots(),
-            context_tokens=sum(r.num_computed for r in running),
-            allocated_slots=self.pool.num_used * self.block_size,
-            reserved_slots=sum(len(r.prompt) + r.max_tokens for r in running), preempted=preempted))
+        self.steps.append(
+            StepRecord(
+                start,
+                self.time - start,
+                sum(s.num_tokens for s in scheduled),
+                sum(1 for s in scheduled if s.num_tokens == 1),
+                len(running),
+                live_tokens=self._filled_slots(),
+                context_tokens=sum(r.num_computed for r in running),
+                allocated_slots=self.pool.num_used * self.block_size,
+                reserved_slots=sum(len(r.prompt) + r.max_tokens for r in running),
+                preempted=preempted,
+            )
+        )
         if self.step_log is not None and len(self.steps) >= 2 * self.step_log:
-            del self.steps[:-self.step_log]  # trimmed in batches: amortised O(1) a step
+            del self.steps[: -self.step_log]  # trimmed in batches: amortised O(1) a step
 
     def _sample(self, requests: list[Request], logits: torch.Tensor) -> list:
         """One token per request, each with its own settings: an int, or the exception its own sampling raised.
         Plain greedy rows (and padded rows, whose tokens are thrown away) share one argmax."""
         out: list = [None] * len(requests)
-        plain = [i for i, r in enumerate(requests) if r.finished or (
-            r.sampling.greedy and not r.logits_processors and not _penalised(r.sampling))]
+        plain = [
+            i
+            for i, r in enumerate(requests)
+            if r.finished or (r.sampling.greedy and not r.logits_processors and not _penalised(r.sampling))
+        ]
         if plain:
-            rows = logits[plain]  # (n_plain, V)
+            rows = logits if len(plain) == len(requests) else logits[plain]  # (n_plain, V)
             valid = torch.isfinite(rows.amax(dim=-1)).tolist()  # no NaN or +inf, not all -inf
             for i, t, ok in zip(plain, rows.argmax(dim=-1).tolist(), valid):
-                out[i] = t if ok or requests[i].finished else ValueError(
-                    "the model's logits for this request contain NaN or inf")
+                out[i] = (
+                    t
+                    if ok or requests[i].finished
+                    else ValueError("the model's logits for this request contain NaN or inf")
+                )
         for i, r in enumerate(requests):
             if out[i] is None:
                 try:
-                    out[i] = self._sample_one(r, logits[i:i + 1])
+                    out[i] = self._sample_one(r, logits[i : i + 1])
                 except Exception as e:  # its processor, grammar or settings failed: this request alone
                     out[i] = e
         return out
@@ -330,17 +410,25 @@ class Engine:
         for proc in r.logits_processors:
             row = proc(ids, row)
             if not isinstance(row, torch.Tensor) or tuple(row.shape) != (1, V):
-                raise ValueError(f"logits processor {proc!r} returned {type(row).__name__} of shape "
-                                 f"{tuple(getattr(row, 'shape', ()))}; expected a tensor of shape (1, {V})")
+                raise ValueError(
+                    f"logits processor {proc!r} returned {type(row).__name__} of shape "
+                    f"{tuple(getattr(row, 'shape', ()))}; expected a tensor of shape (1, {V})"
+                )
         return int(next_token(row, r.sampling, r.generator, ids if _penalised(r.sampling) else None)[0, 0])
 
     def _filled_slots(self) -> int:
-        filled: dict[int, int] = {}  # block id -> slots holding computed tokens
+        """Slots holding computed tokens in the blocks in use, a block shared by several requests once. Only
+        full blocks are ever shared (the prefix cache hands out full blocks), so: the distinct full blocks,
+        plus each request's part-full last block (per request, not per block: the step stays O(requests))."""
+        full: set[int] = set()
+        partial: list[tuple[int, int]] = []
         bs = self.block_size
         for r in self.scheduler.running:
-            for j, b in enumerate(r.block_table):
-                filled[b] = max(filled.get(b, 0), min(bs, max(0, r.num_computed - j * bs)))
-        return sum(filled.values())
+            n_full = min(r.num_computed // bs, len(r.block_table))
+            full.update(r.block_table[:n_full])
+            if n_full < len(r.block_table) and r.num_computed > n_full * bs:
+                partial.append((r.block_table[n_full], r.num_computed - n_full * bs))
+        return bs * len(full) + sum(n for b, n in partial if b not in full)
 
     def _stop_reason(self, r: Request) -> str | None:
         if r.stop is not None:

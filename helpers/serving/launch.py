@@ -20,6 +20,7 @@ Also here, for anything that starts processes: `free_port()`, a loopback port th
 
 Left out: Windows' job objects (the PID poll is the only watch there) and restarting a crashed server.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,17 @@ class ServerProcess:
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         self.root_url = f"http://127.0.0.1:{self.port}"
         self.startup_timeout = startup_timeout
-        self.args = [sys.executable, "-m", "helpers.serving", "--host", "127.0.0.1", "--port", str(self.port),
-                     "--parent-pid", str(os.getpid())]
+        self.args = [
+            sys.executable,
+            "-m",
+            "helpers.serving",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--parent-pid",
+            str(os.getpid()),
+        ]
         if threading.current_thread() is threading.main_thread():  # Linux signals when the starting thread ends
             self.args.append("--parent-death-signal")
         for name, value in flags.items():
@@ -58,8 +68,9 @@ class ServerProcess:
 
     def start(self) -> "ServerProcess":
         env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-        self.process = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT, env=env,
-                                        start_new_session=True)  # its own group: nothing else gets our signals
+        self.process = subprocess.Popen(
+            self.args, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )  # its own group: nothing else gets our signals
         # stopped when this object goes, or at interpreter exit (a kernel restart): never referencing self
         self._finalizer = weakref.finalize(self, stop_process, self.process, 5.0)
         deadline = time.monotonic() + self.startup_timeout

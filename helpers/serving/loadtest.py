@@ -10,6 +10,7 @@ request to the first streamed text, inter-token latency the gaps between streame
 
 Left out: open-loop arrivals (Poisson), ramp-up, and coordinated-omission corrections.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -62,9 +63,17 @@ async def _one(http, url: str, body: dict, timeout: float) -> RequestRecord:
     return rec
 
 
-def run_load(base_url: str, prompts: list[str], concurrency: int, n_requests: int, max_tokens: int,
-             temperature: float = 0.0, request_timeout: float = 30.0, model: str = "course-target",
-             logprobs: bool = False) -> tuple[list[RequestRecord], float]:
+def run_load(
+    base_url: str,
+    prompts: list[str],
+    concurrency: int,
+    n_requests: int,
+    max_tokens: int,
+    temperature: float = 0.0,
+    request_timeout: float = 30.0,
+    model: str = "course-target",
+    logprobs: bool = False,
+) -> tuple[list[RequestRecord], float]:
     """Returns (records, wall seconds). Request i uses prompts[i % len(prompts)] and seed i.
 
     logprobs=True asks for every token's log-probability, so each token arrives in its own chunk and
@@ -78,15 +87,24 @@ def run_load(base_url: str, prompts: list[str], concurrency: int, n_requests: in
         records: list[RequestRecord] = []
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
         async with httpx.AsyncClient(timeout=request_timeout, limits=limits) as http:
+
             async def client():
                 while queue:
                     i = queue.pop(0)
-                    body = {"model": model, "prompt": prompts[i % len(prompts)], "max_tokens": max_tokens,
-                            "temperature": temperature, "seed": i, "stream": True,
-                            "stream_options": {"include_usage": True}, "extensions": {"ignore_eos": True}}
+                    body = {
+                        "model": model,
+                        "prompt": prompts[i % len(prompts)],
+                        "max_tokens": max_tokens,
+                        "temperature": temperature,
+                        "seed": i,
+                        "stream": True,
+                        "stream_options": {"include_usage": True},
+                        "extensions": {"ignore_eos": True},
+                    }
                     if logprobs:
                         body["logprobs"] = 0
                     records.append(await _one(http, base_url + "/completions", body, request_timeout))
+
             t0 = time.perf_counter()
             await asyncio.gather(*(client() for _ in range(concurrency)))
             return records, time.perf_counter() - t0
@@ -109,9 +127,16 @@ def summary(records: list[RequestRecord], wall: float) -> dict:
     ttft = [r.ttft for r in ok if r.ttft is not None]
     itl = [x for r in ok for x in r.itls]
     pct = lambda xs, q: float(np.percentile(xs, q)) * 1e3 if xs else float("nan")
-    return {"requests": len(records), "ok": len(ok), "errors_5xx": sum(r.status >= 500 for r in records),
-            "errors_other": sum(r.status != 200 and r.status < 500 for r in records) + sum(
-                r.error is not None and r.status == 200 for r in records),
-            "tokens": sum(r.tokens for r in ok), "tokens_per_s": sum(r.tokens for r in ok) / wall,
-            "ttft_p50_ms": pct(ttft, 50), "ttft_p99_ms": pct(ttft, 99),
-            "itl_p50_ms": pct(itl, 50), "itl_p99_ms": pct(itl, 99)}
+    return {
+        "requests": len(records),
+        "ok": len(ok),
+        "errors_5xx": sum(r.status >= 500 for r in records),
+        "errors_other": sum(r.status != 200 and r.status < 500 for r in records)
+        + sum(r.error is not None and r.status == 200 for r in records),
+        "tokens": sum(r.tokens for r in ok),
+        "tokens_per_s": sum(r.tokens for r in ok) / wall,
+        "ttft_p50_ms": pct(ttft, 50),
+        "ttft_p99_ms": pct(ttft, 99),
+        "itl_p50_ms": pct(itl, 50),
+        "itl_p99_ms": pct(itl, 99),
+    }

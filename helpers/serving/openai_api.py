@@ -15,6 +15,7 @@ a value out of range, an unknown field).
 Left out: `best_of`, `echo`, `suffix`, `logit_bias`, `user`, prompts given as token ids or as lists,
 tool calls and response formats.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,6 +36,7 @@ MAX_LOGPROBS = 5  # OpenAI's limit for the completions endpoint
 
 class Extensions(BaseModel):
     """Sampling settings OpenAI does not define (HuggingFace / vLLM names), sent as {"extensions": {...}}."""
+
     model_config = Strict
     repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] = 1.0
     top_k: Annotated[int, Field(ge=0)] = 0
@@ -49,6 +51,7 @@ class StreamOptions(BaseModel):
 
 class SamplingParams(BaseModel):
     """The settings both endpoints share, with OpenAI's defaults and ranges."""
+
     model_config = Strict
     model: str
     max_tokens: Annotated[int, Field(ge=1)] = 16
@@ -86,8 +89,14 @@ class ChatCompletionRequest(SamplingParams):
 class APIError(Exception):
     """An error the server reports in OpenAI's shape."""
 
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 type: str = "invalid_request_error", code: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.type, self.code = status, message, param, type, code
 
@@ -95,8 +104,9 @@ class APIError(Exception):
         return error_body(self.message, self.param, self.type, self.code)
 
 
-def error_body(message: str, param: str | None = None, type: str = "invalid_request_error",
-               code: str | None = None) -> dict:
+def error_body(
+    message: str, param: str | None = None, type: str = "invalid_request_error", code: str | None = None
+) -> dict:
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
@@ -108,13 +118,15 @@ def parse_body(raw: bytes, model: type[BaseModel]) -> BaseModel:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise APIError(400, f"the body is not valid UTF-8 (byte {e.start}); JSON bodies must be UTF-8",
-                       code="invalid_encoding") from None
+        raise APIError(
+            400, f"the body is not valid UTF-8 (byte {e.start}); JSON bodies must be UTF-8", code="invalid_encoding"
+        ) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise APIError(400, f"malformed JSON: {e.msg} at line {e.lineno} column {e.colno}",
-                       code="invalid_json") from None
+        raise APIError(
+            400, f"malformed JSON: {e.msg} at line {e.lineno} column {e.colno}", code="invalid_json"
+        ) from None
     except RecursionError:
         raise APIError(400, "malformed JSON: nested too deeply", code="invalid_json") from None
     if not isinstance(data, dict):
@@ -136,12 +148,11 @@ def validation_error(model: type[BaseModel], err: dict) -> APIError:
         name = param.rsplit(".", 1)[-1]
         message = f"unknown parameter {param!r}"
         if name in NOT_OPENAI and "." not in param:
-            message += f": {name} is not an OpenAI parameter; send it as {{\"extensions\": {{\"{name}\": ...}}}}"
+            message += f': {name} is not an OpenAI parameter; send it as {{"extensions": {{"{name}": ...}}}}'
         return APIError(400, message, param=param, code="unknown_parameter")
     if err.get("type") == "missing":
         return APIError(400, f"{param} is required", param=param, code="missing_parameter")
-    return APIError(400, f"{param}: {err.get('msg')} (got {err.get('input')!r:.80})", param=param,
-                    code="invalid_value")
+    return APIError(400, f"{param}: {err.get('msg')} (got {err.get('input')!r:.80})", param=param, code="invalid_value")
 
 
 def field_path(model, loc) -> str:
@@ -176,17 +187,31 @@ def new_id(prefix: str) -> str:
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 def completion_object(rid: str, model: str, choices: list[dict], usage_: dict | None, chunk: bool = False) -> dict:
     """A text_completion (chunk = one streamed piece has the same shape, with partial text)."""
-    return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": choices, **({"usage": usage_} if usage_ is not None or not chunk else {})}
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        **({"usage": usage_} if usage_ is not None or not chunk else {}),
+    }
 
 
 def chat_object(rid: str, model: str, choices: list[dict], usage_: dict | None, chunk: bool = False) -> dict:
-    return {"id": rid, "object": "chat.completion.chunk" if chunk else "chat.completion",
-            "created": int(time.time()), "model": model, "choices": choices,
-            **({"usage": usage_} if usage_ is not None or not chunk else {})}
+    return {
+        "id": rid,
+        "object": "chat.completion.chunk" if chunk else "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        **({"usage": usage_} if usage_ is not None or not chunk else {}),
+    }

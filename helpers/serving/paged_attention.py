@@ -13,7 +13,8 @@ A decoding request has one query row per head and its keys/values scattered over
 views, so it copies nothing either, but it runs a few torch calls per block and is only for reading
 and checking. `paged_decode_attention` is the same loop in C (kernels/paged_decode.c, about 40 lines),
 compiled once with the machine's C compiler and cached under .cache/kernels/; the engine uses it for
-every decoding request. tests/test_paged_attention.py checks both against the gather path and SDPA.
+every decoding request, through `PagedDecoder` (the step's tables checked and converted once, then one
+call per layer). tests/test_paged_attention.py checks both against the gather path and SDPA.
 
 Why a C loop and not torch.compile or FlexAttention: measured with one thread on a 2-core x86 CPU
 (batch 32, 513 keys each, the course model's heads), a compiled torch expression of the same indexing
@@ -29,6 +30,7 @@ Left out: threads (the course runs one), dtypes other than float32, ALiBi/soft-c
 the split-K (flash-decoding) partition of one long context across cores, and GPUs (vLLM's and
 FlashInfer's kernels are the real ones; the same layout and loop are what they tile).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -53,8 +55,9 @@ KERNELS = CACHE / "kernels"
 FLAG_SETS = (["-O3", "-march=native", "-ffast-math"], ["-O3", "-ffast-math"], ["-O2"])
 
 
-def attention_by_blocks(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, table: list[int],
-                        length: int, block_size: int) -> torch.Tensor:
+def attention_by_blocks(
+    q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, table: list[int], length: int, block_size: int
+) -> torch.Tensor:
     """One request's decode attention read block by block from the pool, with the online softmax.
 
     q (H, D); k_pool, v_pool (num_blocks * block_size, Hkv, D) one layer's pool; table: the request's
@@ -68,8 +71,8 @@ def attention_by_blocks(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Ten
     for j in range(math.ceil(length / block_size)):
         start = table[j] * block_size
         used = min(block_size, length - j * block_size)  # the last block may be part full
-        k = k_pool[start:start + used].transpose(0, 1)  # (Hkv, used, D): a view of the pool, no copy
-        v = v_pool[start:start + used].transpose(0, 1)
+        k = k_pool[start : start + used].transpose(0, 1)  # (Hkv, used, D): a view of the pool, no copy
+        v = v_pool[start : start + used].transpose(0, 1)
         s = qg @ k.transpose(1, 2)  # (Hkv, G, used)
         m_new = torch.maximum(m, s.amax(-1, keepdim=True))
         p = torch.exp(s - m_new)  # (Hkv, G, used)
@@ -105,8 +108,10 @@ def _build(head_dim: int, kv_heads: int, group: int, block_size: int) -> ctypes.
             with tempfile.TemporaryDirectory(dir=folder) as tmp:
                 obj, so = os.path.join(tmp, "k.o"), os.path.join(tmp, "k.so")
                 compiled = subprocess.run([cc, *flags, *sizes, "-fPIC", "-c", SOURCE, "-o", obj], capture_output=True)
-                if compiled.returncode or subprocess.run([cc, "-shared", obj, "-o", so, "-lm"],
-                                                         capture_output=True).returncode:
+                if (
+                    compiled.returncode
+                    or subprocess.run([cc, "-shared", obj, "-o", so, "-lm"], capture_output=True).returncode
+                ):
                     continue
                 os.replace(so, path)  # atomic: a second process never loads a half-written file
         lib = ctypes.CDLL(str(path))
@@ -130,30 +135,89 @@ def kernel_available(head_dim: int = 32, kv_heads: int = 2, group: int = 4, bloc
     return _kernel(head_dim, kv_heads, group, block_size) is not None
 
 
-def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, tables: torch.Tensor,
-                           lengths: torch.Tensor, block_size: int) -> torch.Tensor:
+class PagedDecoder:
+    """The C kernel set up once per step for N decoding requests, then called once per layer.
+
+        decode = PagedDecoder(tables, lengths, block_size, cache.k, cache.v)    # checks, pointers: once
+        out = decode(layer, q)                                                    # (N, H, D), per layer
+
+    tables (N, W) long, each row a request's blocks (entries past its length are never read); lengths (N,)
+    long, keys per request, each >= 1; k, v (L, num_blocks * block_size, Hkv, D) contiguous float32 CPU:
+    every layer's pool. The per-layer call checks only q and passes raw pointers (layer l's pool starts
+    l * (its size) floats in), so a step pays the checks and index conversions once, not once per layer.
+    Raises RuntimeError without a C compiler."""
+
+    def __init__(self, tables: torch.Tensor, lengths: torch.Tensor, block_size: int, k: torch.Tensor, v: torch.Tensor):
+        for name, t in (("k_pool", k), ("v_pool", v)):
+            if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous():
+                raise ValueError(f"{name} must be a contiguous float32 CPU tensor; got {t.dtype} on {t.device}")
+        if k.dim() != 4 or v.shape != k.shape:
+            raise ValueError(f"k and v must be (L, slots, Hkv, D) of one shape; got {tuple(k.shape)}, {tuple(v.shape)}")
+        self.tables = tables.to(torch.int64).contiguous()  # kept: the kernel reads them through raw pointers
+        self.lengths = lengths.to(torch.int64).contiguous()
+        N = self.tables.shape[0]
+        if self.tables.dim() != 2 or self.lengths.shape != (N,):
+            raise ValueError(
+                f"tables must be (N, W) and lengths (N,); got {tuple(self.tables.shape)}, {tuple(self.lengths.shape)}"
+            )
+        if N and int(self.lengths.min()) < 1:
+            raise ValueError("every length must be >= 1")
+        self.k, self.v, self.block_size = k, v, block_size
+        self.Hkv, self.D = k.shape[2], k.shape[3]
+        self.layer_bytes = k.stride(0) * k.element_size()
+        self.N, self.W = N, self.tables.shape[1]
+        self.lib = None  # built on the first call, when the number of query heads is known
+
+    def __call__(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """Decode attention of q (N, H, D) contiguous float32 over layer `layer`'s pool -> (N, H, D)."""
+        N, H, D = q.shape
+        if q.dtype != torch.float32 or q.device.type != "cpu" or not q.is_contiguous():
+            raise ValueError(f"q must be a contiguous float32 CPU tensor; got {q.dtype} on {q.device}")
+        if N != self.N or H % self.Hkv or D != self.D:
+            raise ValueError(
+                f"q (N, H, D) = {tuple(q.shape)} does not fit a pool of shape {tuple(self.k.shape)} "
+                f"read for {self.N} requests (H must be a multiple of its kv heads, D equal)"
+            )
+        if self.lib is None:
+            self.lib = _kernel(D, self.Hkv, H // self.Hkv, self.block_size)
+            if self.lib is None:
+                raise RuntimeError("paged_decode_attention needs a C compiler (cc, gcc or clang, or $CC): none worked")
+        out = torch.empty_like(q)  # (N, H, D)
+        offset = layer * self.layer_bytes
+        self.lib.paged_decode(
+            q.data_ptr(),
+            self.k.data_ptr() + offset,
+            self.v.data_ptr() + offset,
+            self.tables.data_ptr(),
+            self.lengths.data_ptr(),
+            N,
+            self.W,
+            1.0 / math.sqrt(D),
+            out.data_ptr(),
+        )
+        return out
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    tables: torch.Tensor,
+    lengths: torch.Tensor,
+    block_size: int,
+) -> torch.Tensor:
     """Decode attention for N requests at once, read in place through their block tables (the C kernel).
 
     q (N, H, D) float32; k_pool, v_pool (num_blocks * block_size, Hkv, D) one layer's pool; tables (N, W)
     long, each row a request's blocks (entries past its length are never read); lengths (N,) long, keys
-    per request, each >= 1. Returns (N, H, D). CPU only; raises RuntimeError without a C compiler."""
-    N, H, D = q.shape
-    Hkv = k_pool.shape[1]
-    for name, t in (("q", q), ("k_pool", k_pool), ("v_pool", v_pool)):
-        if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous():
-            raise ValueError(f"{name} must be a contiguous float32 CPU tensor; got {t.dtype} on {t.device}")
-    if H % Hkv or k_pool.shape[2] != D or v_pool.shape != k_pool.shape:
-        raise ValueError(f"q (N, H, D) = {tuple(q.shape)} does not fit a pool of shape {tuple(k_pool.shape)} "
-                         f"(H must be a multiple of its kv heads, D equal)")
-    lib = _kernel(D, Hkv, H // Hkv, block_size)
-    if lib is None:
-        raise RuntimeError("paged_decode_attention needs a C compiler (cc, gcc or clang, or $CC): none worked")
-    tables = tables.to(torch.int64).contiguous()
-    lengths = lengths.to(torch.int64).contiguous()
-    if tables.shape[0] != N or lengths.shape != (N,):
-        raise ValueError(f"tables must be (N, W) and lengths (N,) with N = {N}; got {tuple(tables.shape)}, "
-                         f"{tuple(lengths.shape)}")
-    out = torch.empty_like(q)  # (N, H, D)
-    lib.paged_decode(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), tables.data_ptr(), lengths.data_ptr(),
-                     N, tables.shape[1], 1.0 / math.sqrt(D), out.data_ptr())
-    return out
+    per request, each >= 1. Returns (N, H, D). CPU only; raises RuntimeError without a C compiler.
+    (PagedDecoder is the same call set up once for every layer of a step.)"""
+    for name, t in (("k_pool", k_pool), ("v_pool", v_pool)):
+        if t.dim() != 3:
+            raise ValueError(f"{name} must be (slots, Hkv, D); got shape {tuple(t.shape)}")
+    if q.dim() != 3 or tables.shape[0] != q.shape[0]:
+        raise ValueError(
+            f"tables must be (N, W) and lengths (N,) with N = {q.shape[0]}; got "
+            f"{tuple(tables.shape)}, {tuple(lengths.shape)}"
+        )
+    return PagedDecoder(tables, lengths, block_size, k_pool.unsqueeze(0), v_pool.unsqueeze(0))(0, q)

@@ -22,27 +22,28 @@ its own count (`Request.num_computed`, what to compute next); tests/test_serving
 
 Out of scope (vLLM has them): quantized (fp8/int8) KV blocks, and CPU swap space.
 """
+
 from __future__ import annotations
 
 import torch
 
+from ..cache_layout import CacheLayout
+
 
 class PagedKVCache:
-    def __init__(self, n_layers: int, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int,
-                 dtype=torch.float32, device=None):
+    def __init__(self, layout: CacheLayout, num_blocks: int, block_size: int):
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1; got {value!r}")
         self.num_blocks, self.block_size = num_blocks, block_size
-        shape = (n_layers, num_blocks * block_size, n_kv_heads, head_dim)  # (L, slots, Hkv, D)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        shape = (layout.n_layers, num_blocks * block_size, layout.n_kv_heads, layout.head_dim)  # (L, slots, Hkv, D)
+        self.k, self.v = layout.buffers(shape)
+        self.k_layers, self.v_layers = self.k.unbind(0), self.v.unbind(0)  # per-layer views, made once
         self.lengths: dict[str, int] = {}  # sequence id -> positions filled; written by commit/release only
 
     @classmethod
     def for_model(cls, model, num_blocks: int, block_size: int = 16) -> "PagedKVCache":
-        cfg = model.cfg
-        return cls(cfg.n_layers, num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim, model.dtype, model.device)
+        return cls(CacheLayout.of(model), num_blocks, block_size)
 
     @property
     def nbytes(self) -> int:
@@ -82,8 +83,8 @@ class PagedKVCache:
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store keys/values (N, Hkv, D) of N new tokens at `slots` (N,)."""
-        self.k[layer].index_copy_(0, slots, k)
-        self.v[layer].index_copy_(0, slots, v)
+        self.k_layers[layer].index_copy_(0, slots, k)
+        self.v_layers[layer].index_copy_(0, slots, v)
 
     def gather(self, layer: int, tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys/values of whole blocks, (B, n_blocks) block ids -> (B, Hkv, n_blocks * block_size, D).

@@ -10,6 +10,7 @@ that cheap) and carries on where it stopped.
 
 Out of scope: priorities (vLLM's priority scheduling), n > 1 samples per request, logprobs output.
 """
+
 from __future__ import annotations
 
 import math
@@ -52,8 +53,8 @@ class Request:
         """Token ids at positions start .. end-1 (prompt then output), without building the whole list."""
         P = len(self.prompt)
         if start >= P:
-            return self.output[start - P:end - P]
-        return self.prompt[start:end] + (self.output[:end - P] if end > P else [])
+            return self.output[start - P : end - P]
+        return self.prompt[start:end] + (self.output[: end - P] if end > P else [])
 
     @property
     def num_tokens(self) -> int:

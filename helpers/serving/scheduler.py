@@ -34,6 +34,7 @@ Out of scope (vLLM has them): priorities and fairness, swapping to CPU instead o
 watermark, lookahead slots for speculative decoding, structured-output and LoRA-aware admission,
 waiting for remote KV (disaggregated prefill), and async scheduling overlapped with the forward pass.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -51,10 +52,18 @@ class ScheduledChunk:
 
 class Scheduler:
     """Continuous batching. The engine builds its requests as `request_type` (the static baseline's differ)."""
+
     request_type = Request
 
-    def __init__(self, pool: BlockPool, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
-                 chunked_prefill: bool = True, fixed_chunk: int | None = None):
+    def __init__(
+        self,
+        pool: BlockPool,
+        block_size: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        chunked_prefill: bool = True,
+        fixed_chunk: int | None = None,
+    ):
         self.pool, self.block_size = pool, block_size
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.chunked_prefill = chunked_prefill
@@ -187,7 +196,7 @@ class Scheduler:
             ids = r.all_ids if ids is None else ids
             j = len(r.block_hashes)
             parent = r.block_hashes[-1] if r.block_hashes else ROOT_HASH
-            r.block_hashes.append(block_hash(parent, ids[j * bs:(j + 1) * bs]))
+            r.block_hashes.append(block_hash(parent, ids[j * bs : (j + 1) * bs]))
 
     def preempt(self, r: Request) -> None:
         """Take r's blocks back; it waits at the front of the queue and recomputes its tokens later."""

@@ -20,6 +20,7 @@ What a server adds on top of the engine, and where it lives:
 Left out: authentication, multiple models, request priorities, a separate detokenizer process,
 prometheus-format metrics, and HTTP/2.
 """
+
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
@@ -37,12 +38,27 @@ from .worker import EngineWorker
 MODEL_NAME = "course-target"
 
 
-def create_app(model, tokenizer, *, num_blocks: int = 1024, block_size: int = 16, max_num_seqs: int = 32,
-               max_pending: int = 64, max_body_bytes: int = 1 << 20, enable_prefix_caching: bool = True,
-               model_name: str = MODEL_NAME) -> FastAPI:
+def create_app(
+    model,
+    tokenizer,
+    *,
+    num_blocks: int = 1024,
+    block_size: int = 16,
+    max_num_seqs: int = 32,
+    max_pending: int = 64,
+    max_body_bytes: int = 1 << 20,
+    enable_prefix_caching: bool = True,
+    model_name: str = MODEL_NAME,
+) -> FastAPI:
     """The FastAPI app serving `model`; its engine thread starts and stops with the app."""
-    engine = Engine(model, num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
-                    enable_prefix_caching=enable_prefix_caching, step_log=1024)
+    engine = Engine(
+        model,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        max_num_seqs=max_num_seqs,
+        enable_prefix_caching=enable_prefix_caching,
+        step_log=1024,
+    )
     worker = EngineWorker(engine, max_pending=max_pending)
     completions = Completions(worker, tokenizer, model_name, model.cfg.max_seq_len)
 
@@ -70,8 +86,10 @@ def create_app(model, tokenizer, *, num_blocks: int = 1024, block_size: int = 16
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
-                                            "owned_by": "llm-inference-executed"}]}
+        return {
+            "object": "list",
+            "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "llm-inference-executed"}],
+        }
 
     @app.post("/v1/completions")
     async def complete(request: Request):
@@ -113,10 +131,14 @@ async def api_error(request, exc: APIError):
 
 async def http_error(request, exc: HTTPException):
     """Starlette's own errors (no such route, wrong method) in OpenAI's shape."""
-    messages = {404: f"no such endpoint: {request.method} {request.url.path}",
-                405: f"{request.method} is not allowed on {request.url.path}"}
-    body = error_body(messages.get(exc.status_code, str(exc.detail)), code={404: "not_found", 405: "method_not_allowed"}
-                      .get(exc.status_code))
+    messages = {
+        404: f"no such endpoint: {request.method} {request.url.path}",
+        405: f"{request.method} is not allowed on {request.url.path}",
+    }
+    body = error_body(
+        messages.get(exc.status_code, str(exc.detail)),
+        code={404: "not_found", 405: "method_not_allowed"}.get(exc.status_code),
+    )
     return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
 

@@ -23,6 +23,7 @@ soak against after the warm-up.
 
 Left out: several server processes, network faults below TCP (slow links, resets mid-header).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,16 +48,27 @@ from .openai_api import ChatCompletionRequest, CompletionRequest, parse_body
 from .server import create_app
 from .worker import process_memory
 
-PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n\n\ndef main(argv):", "class Stack:\n    def push(self, item):",
-           "for i in range(10):", "try:\n    import json", "def parse(text):\n    \"\"\"", "x = [", "# sort a list\n",
-           "with open(path) as f:", "if __name__ == \"__main__\":"]
+PROMPTS = [
+    "def fibonacci(n):",
+    "import os\nimport sys\n\n\ndef main(argv):",
+    "class Stack:\n    def push(self, item):",
+    "for i in range(10):",
+    "try:\n    import json",
+    'def parse(text):\n    """',
+    "x = [",
+    "# sort a list\n",
+    "with open(path) as f:",
+    'if __name__ == "__main__":',
+]
 MALFORMED = [  # (raw body, status it must get)
-    (b'{"model": "course-target", "prompt": ', 400), (b'{"model": "course-target", "prompt": "\xff"}', 400),
+    (b'{"model": "course-target", "prompt": ', 400),
+    (b'{"model": "course-target", "prompt": "\xff"}', 400),
     (b'{"model": "course-target", "prompt": "x", "stream": "true"}', 400),
     (b'{"model": "course-target", "prompt": "x", "temperature": 3}', 400),
     (b'{"model": "course-target", "prompt": "x", "seed": 18446744073709551616}', 400),
     (b'{"model": "course-target", "prompt": "x", "repetition_penalty": 1.1}', 400),
-    (b'{"model": "course-target", "prompt": "x", "n": 9}', 400), (b'{"model": "gpt-4", "prompt": "x"}', 400),
+    (b'{"model": "course-target", "prompt": "x", "n": 9}', 400),
+    (b'{"model": "gpt-4", "prompt": "x"}', 400),
     (json.dumps({"model": "course-target", "prompt": "x = 1\n" * 400, "max_tokens": 1}).encode(), 400),
     (b'{"model": "course-target", "messages": [{"role": "bot", "content": "x"}]}', 400),
 ]
@@ -85,13 +97,19 @@ def draw_request(rng: random.Random) -> tuple[str, dict | bytes]:
         if rng.random() < 0.2:
             body["logprobs"] = rng.randint(0, 2)
     if u < 0.10:
-        body.update(rng.choice([{"temperature": 1e-300}, {"temperature": 0.7, "seed": rng.randint(0, 99),
-                                                           "extensions": {"repetition_penalty": 1e-300}}]))
+        body.update(
+            rng.choice(
+                [
+                    {"temperature": 1e-300},
+                    {"temperature": 0.7, "seed": rng.randint(0, 99), "extensions": {"repetition_penalty": 1e-300}},
+                ]
+            )
+        )
         return "degenerate", body
     if rng.random() < 0.5:
         body["temperature"] = 0.0
     else:
-        body.update(temperature=rng.choice([0.3, 0.8, 1.2]), seed=rng.randint(0, 2 ** 32), top_p=rng.choice([1.0, 0.9]))
+        body.update(temperature=rng.choice([0.3, 0.8, 1.2]), seed=rng.randint(0, 2**32), top_p=rng.choice([1.0, 0.9]))
         body["n"] = rng.choice([1, 1, 2])
         if rng.random() < 0.3:
             body["extensions"] = {"top_k": rng.choice([5, 20])}
@@ -171,9 +189,15 @@ class References:
         verdicts = []
         for text, kw in zip(o.texts, choices):
             if kw["sampling"].greedy:
-                out = generate(self.model, ids, kw["max_tokens"], sampling=kw["sampling"], eos_id=kw["eos_id"],
-                               stop_criteria=[TextStop(self.tok, stops)] if stops else (),
-                               logits_processors=kw["logits_processors"])[0, len(ids):].tolist()
+                out = generate(
+                    self.model,
+                    ids,
+                    kw["max_tokens"],
+                    sampling=kw["sampling"],
+                    eos_id=kw["eos_id"],
+                    stop_criteria=[TextStop(self.tok, stops)] if stops else (),
+                    logits_processors=kw["logits_processors"],
+                )[0, len(ids) :].tolist()
                 verdicts.append(self._compare(text, out, ids, stops))
             else:
                 rid = self.engine.submit(ids, **kw)
@@ -190,19 +214,19 @@ class References:
     def _compare(self, text: str, ref: list[int], prompt: list[int], stops) -> str:
         if text == self._text(ref, stops):
             return "same"
-        j = next((k for k in range(len(ref)) if not text.startswith(self.tok.decode(ref[:k + 1]))), None)
+        j = next((k for k in range(len(ref)) if not text.startswith(self.tok.decode(ref[: k + 1]))), None)
         if j is None:
             return "changed"
         with torch.no_grad():
             logits = self.model(torch.tensor([prompt + ref[:j]], device=self.model.device))[0, -1].float()
         top = logits.topk(2)
         flip = (top.values[0] - top.values[1]).item() < 1e-3 and text.startswith(
-            self.tok.decode(ref[:j] + [int(top.indices[1])]))
+            self.tok.decode(ref[:j] + [int(top.indices[1])])
+        )
         return "rounding flip" if flip else "changed"
 
 
-def run_soak(model, tok, n_requests: int = 500, concurrency: int = 16, seed: int = 0, server_cancels: int = 2,
-             warmup: int = 64, progress: bool = True) -> dict:
+def run_soak(model, tok, n_requests=500, concurrency=16, seed=0, server_cancels=2, warmup=64, progress=True) -> dict:
     """Serve `model` in this process, send the mix, check everything; returns the report (see `table`).
     Memory is compared with what it was after `warmup` requests of the same mix (every path taken once)."""
     import uvicorn
@@ -226,8 +250,7 @@ def run_soak(model, tok, n_requests: int = 500, concurrency: int = 16, seed: int
         run_async(_drive(base, warm, concurrency, random.Random(seed + 1), 0))  # warm-up: every path once
         rss_warm = process_memory()["rss_bytes"]
         t0 = time.perf_counter()
-        outcomes = run_async(_drive(base, mix, concurrency, random.Random(seed + 2), server_cancels, worker,
-                                    progress))
+        outcomes = run_async(_drive(base, mix, concurrency, random.Random(seed + 2), server_cancels, worker, progress))
         wall = time.perf_counter() - t0
         deadline = time.monotonic() + 10
         while (worker.metrics()["running"] or worker.metrics()["pending"]) and time.monotonic() < deadline:
@@ -239,12 +262,20 @@ def run_soak(model, tok, n_requests: int = 500, concurrency: int = 16, seed: int
         thread.join(30)
     refs = References(model, tok, app.state.completions)
     checks = Counter(refs.check(o) for o in outcomes if classify(o).startswith("200 ok") and o.texts)
-    return {"requests": n_requests, "seconds": wall, "outcomes": Counter(classify(o) for o in outcomes),
-            "checked": checks, "blocks_leaked": books["kv_blocks_total"] - books["kv_blocks_free"],
-            "left_in_engine": left_in_engine, "rss_warm": rss_warm, "rss_end": process_memory()["rss_bytes"],
-            "peak_rss": process_memory()["peak_rss_bytes"], "hangups_cancelled": books["hangups"],
-            "cancel_ms": sorted(x * 1e3 for x in worker.cancel_seconds),
-            "errors_in_shape": all(set(o.error) == {"message", "type", "param", "code"} for o in outcomes if o.error)}
+    return {
+        "requests": n_requests,
+        "seconds": wall,
+        "outcomes": Counter(classify(o) for o in outcomes),
+        "checked": checks,
+        "blocks_leaked": books["kv_blocks_total"] - books["kv_blocks_free"],
+        "left_in_engine": left_in_engine,
+        "rss_warm": rss_warm,
+        "rss_end": process_memory()["rss_bytes"],
+        "peak_rss": process_memory()["peak_rss_bytes"],
+        "hangups_cancelled": books["hangups"],
+        "cancel_ms": sorted(x * 1e3 for x in worker.cancel_seconds),
+        "errors_in_shape": all(set(o.error) == {"message", "type", "param", "code"} for o in outcomes if o.error),
+    }
 
 
 async def _drive(base, mix, concurrency, rng, server_cancels, worker=None, progress=False) -> list[Outcome]:
@@ -252,6 +283,7 @@ async def _drive(base, mix, concurrency, rng, server_cancels, worker=None, progr
     bar = None
     if progress:
         from ..progress import progress_bar
+
         bar = progress_bar(total=len(mix), desc="soak", unit="req", leave=False)
 
     async def one(kind, body):
@@ -284,14 +316,16 @@ def table(report: dict) -> str:
     lines += [f"  {k:32s}{v:6d}" for k, v in sorted(report["outcomes"].items())]
     lines.append("good answers checked against generate / the engine alone")
     lines += [f"  {k:32s}{v:6d}" for k, v in sorted(report["checked"].items())]
-    mib = 2 ** 20
-    lines += [f"blocks leaked {report['blocks_leaked']}, requests left in the engine {report['left_in_engine']}, "
-              f"errors outside OpenAI's shape {0 if report['errors_in_shape'] else 'some'}",
-              f"hang-ups cancelled {report['hangups_cancelled']}; hang-up seen to blocks freed: "
-              f"{_percentiles(report['cancel_ms'])}",
-              f"resident memory: after warm-up {report['rss_warm'] / mib:.0f} MiB, after the soak "
-              f"{report['rss_end'] / mib:.0f} MiB ({report['rss_end'] / report['rss_warm'] - 1:+.1%}), "
-              f"peak {report['peak_rss'] / mib:.0f} MiB"]
+    mib = 2**20
+    lines += [
+        f"blocks leaked {report['blocks_leaked']}, requests left in the engine {report['left_in_engine']}, "
+        f"errors outside OpenAI's shape {0 if report['errors_in_shape'] else 'some'}",
+        f"hang-ups cancelled {report['hangups_cancelled']}; hang-up seen to blocks freed: "
+        f"{_percentiles(report['cancel_ms'])}",
+        f"resident memory: after warm-up {report['rss_warm'] / mib:.0f} MiB, after the soak "
+        f"{report['rss_end'] / mib:.0f} MiB ({report['rss_end'] / report['rss_warm'] - 1:+.1%}), "
+        f"peak {report['peak_rss'] / mib:.0f} MiB",
+    ]
     return "\n".join(lines)
 
 
@@ -305,13 +339,18 @@ def _percentiles(ms: list[float]) -> str:
 def failures(report: dict) -> list[str]:
     """The targets a report misses (empty: all met)."""
     bad = [k for k in report["outcomes"] if k.startswith("5") and "request_cancelled" not in k]
-    return ([f"5xx answers: {bad}"] if bad else []) + \
-        ([f"good answers changed: {report['checked']['changed']}"] if report["checked"].get("changed") else []) + \
-        ([f"blocks leaked: {report['blocks_leaked']}"] if report["blocks_leaked"] else []) + \
-        ([f"requests left in the engine: {report['left_in_engine']}"] if report["left_in_engine"] else []) + \
-        ([] if report["errors_in_shape"] else ["an error outside OpenAI's shape"]) + \
-        ([f"memory grew {report['rss_end'] / report['rss_warm'] - 1:.1%}"]
-         if report["rss_end"] > 1.1 * report["rss_warm"] else [])
+    return (
+        ([f"5xx answers: {bad}"] if bad else [])
+        + ([f"good answers changed: {report['checked']['changed']}"] if report["checked"].get("changed") else [])
+        + ([f"blocks leaked: {report['blocks_leaked']}"] if report["blocks_leaked"] else [])
+        + ([f"requests left in the engine: {report['left_in_engine']}"] if report["left_in_engine"] else [])
+        + ([] if report["errors_in_shape"] else ["an error outside OpenAI's shape"])
+        + (
+            [f"memory grew {report['rss_end'] / report['rss_warm'] - 1:.1%}"]
+            if report["rss_end"] > 1.1 * report["rss_warm"]
+            else []
+        )
+    )
 
 
 def main(argv=None) -> None:

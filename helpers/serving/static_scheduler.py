@@ -21,6 +21,7 @@ bound as continuous batching: sum(prompt tokens + max_tokens) steps.
 Left out: padding prompts to a common length (the rows' prompts are computed at their own lengths; only
 the decode phase is padded), which changes the cost but not the outputs.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from .scheduler import ScheduledChunk, Scheduler
 @dataclass
 class PaddedRequest(Request):
     """A request in a static batch: after it finishes, its row may keep running as padding."""
+
     padding: bool = False  # finished, but its row keeps running until the batch ends
     padded: list[int] = field(default_factory=list)  # the tokens such a row computes after it finished
 
@@ -50,8 +52,15 @@ class PaddedRequest(Request):
 class StaticScheduler(Scheduler):
     request_type = PaddedRequest
 
-    def __init__(self, pool, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
-                 chunked_prefill: bool = True, context_limit: int = 1 << 62):
+    def __init__(
+        self,
+        pool,
+        block_size: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        chunked_prefill: bool = True,
+        context_limit: int = 1 << 62,
+    ):
         super().__init__(pool, block_size, max_num_seqs, max_num_batched_tokens, chunked_prefill)
         self.context_limit = context_limit  # a padded row stops here: it has no window left to grow into
 

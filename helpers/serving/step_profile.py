@@ -16,6 +16,7 @@ attention, the matmuls with the rest of the forward pass, sampling, and the engi
 Left out: the profiler's per-operator view (helpers/measure/profiling.py answers that question) and
 prefill-heavy steps (chunked prefill's cost is chapter 13's load-test question).
 """
+
 from __future__ import annotations
 
 import random
@@ -41,7 +42,7 @@ def scattered_decode_batch(model, batch: int, context: int, block_size: int = 16
     cache.v.normal_(generator=g)
     blocks = list(range(num_blocks))
     random.Random(seed).shuffle(blocks)
-    chunks = [SequenceChunk([1 + i], context, blocks[i * per:(i + 1) * per], True) for i in range(batch)]
+    chunks = [SequenceChunk([1 + i], context, blocks[i * per : (i + 1) * per], True) for i in range(batch)]
     return cache, chunks
 
 
@@ -66,25 +67,30 @@ def paged_step_seconds(model, batch: int = 32, context: int = 512, block_size: i
     cache.gather = real_gather
 
     with torch.no_grad():
-        times = time_interleaved([lambda: forward_step(model, cache, chunks, "in_place"),
-                                  lambda: forward_step(model, cache, chunks, "gather"),
-                                  lambda: model(token, dense, start_pos=context)],
-                                 model.device, repeats=repeats)
+        times = time_interleaved(
+            [
+                lambda: forward_step(model, cache, chunks, "in_place"),
+                lambda: forward_step(model, cache, chunks, "gather"),
+                lambda: model(token, dense, start_pos=context),
+            ],
+            model.device,
+            repeats=repeats,
+        )
     in_place, gather, dense_s = (median(t) for t in times)
     return dict(in_place=in_place, gather=gather, dense=dense_s, gather_calls=gather_calls)
 
 
-def step_breakdown(model, ids: list[int], batch: int, prompt_len: int = 256, steps: int = 24,
-                   decode_attention: str | None = None) -> dict[str, float]:
+def step_breakdown(
+    model, ids: list[int], batch: int, prompt_len: int = 256, steps: int = 24, decode_attention: str | None = None
+) -> dict[str, float]:
     """Mean seconds per decode step by part, for `batch` requests decoding together (prompts of prompt_len
     tokens cut from ids; `steps` decode steps measured after every prompt is in the cache)."""
     if len(ids) < batch * prompt_len:
         raise ValueError(f"ids must hold batch * prompt_len = {batch * prompt_len} tokens; got {len(ids)}")
     per = -(-(prompt_len + steps + 2) // 16)
-    e = Engine(model, num_blocks=batch * per + 1, block_size=16, max_num_seqs=batch,
-               decode_attention=decode_attention)
+    e = Engine(model, num_blocks=batch * per + 1, block_size=16, max_num_seqs=batch, decode_attention=decode_attention)
     for i in range(batch):
-        e.submit(ids[i * prompt_len:(i + 1) * prompt_len], max_tokens=steps + 2)
+        e.submit(ids[i * prompt_len : (i + 1) * prompt_len], max_tokens=steps + 2)
     while any(r.num_computed < len(r.prompt) for r in e.requests.values()):
         e.step()  # prefill, not measured
     e.reset_timings()

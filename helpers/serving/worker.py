@@ -16,6 +16,7 @@ of a whole step, a bug, fails every request in flight, and the thread keeps serv
 
 Left out: several engine threads (data parallelism), priorities between requests.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -36,6 +37,7 @@ from .openai_api import APIError
 @dataclass
 class TokenEvent:
     """One new token of one request, sent from the engine thread to the request's handler."""
+
     token: int | None  # None when the request ended without a new token (cancelled, failed)
     finished: bool
     finish_reason: str | None
@@ -81,20 +83,29 @@ class EngineWorker:
     def reserve(self, n: int) -> None:
         """Take n places in the bounded queue: a 400 if n could never fit, a 429 at once if it is full now."""
         if n > self.max_pending:
-            raise APIError(400, f"n ({n}) is more than this server ever runs at once ({self.max_pending} requests)",
-                           param="n", code="n_too_large")
+            raise APIError(
+                400,
+                f"n ({n}) is more than this server ever runs at once ({self.max_pending} requests)",
+                param="n",
+                code="n_too_large",
+            )
         with self._lock:
             if self._pending + n > self.max_pending:
-                raise APIError(429, f"the server is at capacity ({self.max_pending} requests in flight); "
-                               "retry later", type="server_overloaded", code="queue_full")
+                raise APIError(
+                    429,
+                    f"the server is at capacity ({self.max_pending} requests in flight); retry later",
+                    type="server_overloaded",
+                    code="queue_full",
+                )
             self._pending += n
 
     def release(self, n: int) -> None:
         with self._lock:
             self._pending -= n
 
-    def submit(self, prompt_ids: list[int], kwargs: dict, logprobs: int | None,
-               loop: asyncio.AbstractEventLoop) -> tuple[concurrent.futures.Future, asyncio.Queue]:
+    def submit(
+        self, prompt_ids: list[int], kwargs: dict, logprobs: int | None, loop: asyncio.AbstractEventLoop
+    ) -> tuple[concurrent.futures.Future, asyncio.Queue]:
         """Queue one engine request; the future resolves to its id (or raises the engine's InvalidParameter)."""
         future: concurrent.futures.Future = concurrent.futures.Future()
         events: asyncio.Queue = asyncio.Queue()
@@ -115,11 +126,16 @@ class EngineWorker:
         now = time.perf_counter()
         recent = [n for t, n in list(self._recent) if now - t <= 10.0]
         span = min(10.0, now - self.t0)
-        return {**self.engine.stats(), "pending": self._pending, "max_pending": self.max_pending,
-                "tokens_per_s": sum(recent) / span if span > 0 else 0.0, "engine_alive": self.thread.is_alive(),
-                "hangups": self.num_hangups,  # requests cancelled because their client went away, and the last
-                "cancel_ms": [round(x * 1e3, 2) for x in list(self.cancel_seconds)[-32:]],  # 32: hang-up -> freed
-                **process_memory()}
+        return {
+            **self.engine.stats(),
+            "pending": self._pending,
+            "max_pending": self.max_pending,
+            "tokens_per_s": sum(recent) / span if span > 0 else 0.0,
+            "engine_alive": self.thread.is_alive(),
+            "hangups": self.num_hangups,  # requests cancelled because their client went away, and the last
+            "cancel_ms": [round(x * 1e3, 2) for x in list(self.cancel_seconds)[-32:]],  # 32: hang-up -> freed
+            **process_memory(),
+        }
 
     # inside the engine thread ---------------------------------------------------------------------
     def _run(self) -> None:
@@ -217,6 +233,7 @@ def _capture(listener: _Listener):
     def capture(ids, logits):  # (1, T), (1, V)
         listener.captured.append(torch.log_softmax(logits[0].float(), dim=-1))
         return logits
+
     return capture
 
 
@@ -224,6 +241,7 @@ def process_memory() -> dict:
     """This process's resident memory now and at its peak, in bytes (None where the OS does not say)."""
     try:
         import resource  # not on Windows
+
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
     except ImportError:
         peak = None

@@ -20,6 +20,7 @@ max(its arrival, the end of the previous one) and is charged its measured durati
 Out of scope: client-side network and detokenisation time, and open-loop load generators that keep
 sending while the server falls behind (arrivals here are fixed in advance).
 """
+
 from __future__ import annotations
 
 import time
@@ -37,8 +38,16 @@ class WorkloadRequest:
     arrival: float  # seconds
 
 
-def make_workload(tokenizer, n: int, rate: float | None = None, prompt_len=(16, 128), output_len=(16, 256),
-                  seed: int = 0, shared_prefix_len: int = 0, source_ids=None) -> list[WorkloadRequest]:
+def make_workload(
+    tokenizer,
+    n: int,
+    rate: float | None = None,
+    prompt_len=(16, 128),
+    output_len=(16, 256),
+    seed: int = 0,
+    shared_prefix_len: int = 0,
+    source_ids=None,
+) -> list[WorkloadRequest]:
     """n requests whose prompts are windows of `source_ids` (default: the first 100,000 characters of the
     validation text, encoded), each led by the same first `shared_prefix_len` tokens of it."""
     if not isinstance(n, int) or n < 1:
@@ -47,6 +56,7 @@ def make_workload(tokenizer, n: int, rate: float | None = None, prompt_len=(16, 
         raise ValueError(f"rate must be > 0 requests per second, or None (all at once); got {rate!r}")
     if source_ids is None:
         from ..data import validation_text
+
         source_ids = tokenizer.encode(validation_text()[:100_000])
     ids = [int(t) for t in source_ids]
     rng = np.random.default_rng(seed)
@@ -58,7 +68,7 @@ def make_workload(tokenizer, n: int, rate: float | None = None, prompt_len=(16, 
     out = []
     for p, o, a in zip(p_lens.tolist(), o_lens.tolist(), arrivals.tolist()):
         start = int(rng.integers(shared_prefix_len, len(ids) - p))
-        out.append(WorkloadRequest(prefix + ids[start:start + p], o, float(a)))
+        out.append(WorkloadRequest(prefix + ids[start : start + p], o, float(a)))
     return out
 
 
@@ -68,8 +78,10 @@ def percentile(values, q: float) -> float:
 
 def percentile_of(samples: str, q: float) -> property:
     """A read-only property: the q-th percentile of the list the property `samples` returns (nan if empty)."""
-    return property(lambda self: percentile(getattr(self, samples), q),
-                    doc=f"The {q}th percentile of {samples}, in seconds (nan when there are none).")
+    return property(
+        lambda self: percentile(getattr(self, samples), q),
+        doc=f"The {q}th percentile of {samples}, in seconds (nan when there are none).",
+    )
 
 
 @dataclass
@@ -118,8 +130,10 @@ class RunResult:
 
     def row(self) -> str:
         """One line: throughput, then TTFT and inter-token latency as p50 / p99 in milliseconds."""
-        return (f"{self.name:<26}{self.throughput:7.0f} tok/s   TTFT {1e3 * self.ttft_p50:7.1f} / "
-                f"{1e3 * self.ttft_p99:7.1f} ms   ITL {1e3 * self.itl_p50:5.1f} / {1e3 * self.itl_p99:6.1f} ms")
+        return (
+            f"{self.name:<26}{self.throughput:7.0f} tok/s   TTFT {1e3 * self.ttft_p50:7.1f} / "
+            f"{1e3 * self.ttft_p99:7.1f} ms   ITL {1e3 * self.itl_p50:5.1f} / {1e3 * self.itl_p99:6.1f} ms"
+        )
 
 
 def run_engine(engine, workload: list[WorkloadRequest], name: str = "engine", progress=None) -> RunResult:
@@ -140,12 +154,14 @@ def run_engine(engine, workload: list[WorkloadRequest], name: str = "engine", pr
             if progress is not None:
                 progress.update(len(out.new_token_ids))
     reqs = [engine.get(ids[i]) for i in range(len(workload))]
-    return RunResult(name, [r.output for r in reqs], [r.arrival_time for r in reqs],
-                     [r.token_times for r in reqs], engine.metrics())
+    return RunResult(
+        name, [r.output for r in reqs], [r.arrival_time for r in reqs], [r.token_times for r in reqs], engine.metrics()
+    )
 
 
-def run_sequential(model, workload: list[WorkloadRequest], name: str = "sequential generate",
-                   progress=None) -> RunResult:
+def run_sequential(
+    model, workload: list[WorkloadRequest], name: str = "sequential generate", progress=None
+) -> RunResult:
     """Each request alone with helpers.generate, in arrival order; token times recorded by a stop criterion
     that never stops (it is called right after each new token)."""
     clock, outputs, times = 0.0, [None] * len(workload), [None] * len(workload)
@@ -156,7 +172,7 @@ def run_sequential(model, workload: list[WorkloadRequest], name: str = "sequenti
         t0 = time.perf_counter()
         out = generate(model, w.prompt, w.max_tokens, stop_criteria=[_stamper(stamps)])
         clock = start + time.perf_counter() - t0
-        outputs[i] = out[0, len(w.prompt):].tolist()
+        outputs[i] = out[0, len(w.prompt) :].tolist()
         times[i] = [start + s - t0 for s in stamps]
         if progress is not None:
             progress.update(w.max_tokens)
@@ -165,7 +181,9 @@ def run_sequential(model, workload: list[WorkloadRequest], name: str = "sequenti
 
 def _stamper(stamps: list[float]):
     """A stop criterion that never stops: it records when each token appeared."""
+
     def stamp(generated) -> bool:
         stamps.append(time.perf_counter())
         return False
+
     return stamp

@@ -71,6 +71,7 @@ on eager or static steppers), compiled.py (a round as one compiled graph, and th
 (both models' prefill as one compiled graph), lookup.py (prompt lookup), exactness.py (total variation,
 chi-square test). Every public name is importable from here.
 """
+
 from __future__ import annotations
 
 import torch
@@ -96,6 +97,7 @@ from .loop import (
     DEFAULT_MAX_NGRAM,
     DEFAULT_MIN_NGRAM,
     EagerSteps,
+    RunSettings,
     StaticSteps,
     check_common,
     speculative_loop,
@@ -112,19 +114,50 @@ from .rule import (
 )
 
 __all__ = [
-    "DEFAULT_COMPILED_GAMMA", "DEFAULT_COMPILED_SAMPLED_GAMMA", "DEFAULT_GAMMA", "DEFAULT_LOOKUP_GAMMA",
-    "DEFAULT_MAX_NGRAM", "DEFAULT_MIN_NGRAM", "FusedPrefill", "FusedRounds", "NgramIndex", "PREFILL_BUCKET",
-    "SpeculativeStats", "accept_or_resample", "acceptance", "acceptance_probability", "chi_square_test",
-    "expected_tokens_per_target_call", "fused_prefill", "fused_round_call", "fused_rounds", "fuses_rounds",
-    "greedy_accept", "prefill_bucket", "prompt_lookup_generate", "speculative_generate", "speculative_token_counts",
-    "total_variation", "warmup_speculative",
+    "DEFAULT_COMPILED_GAMMA",
+    "DEFAULT_COMPILED_SAMPLED_GAMMA",
+    "DEFAULT_GAMMA",
+    "DEFAULT_LOOKUP_GAMMA",
+    "DEFAULT_MAX_NGRAM",
+    "DEFAULT_MIN_NGRAM",
+    "PREFILL_BUCKET",
+    "FusedPrefill",
+    "FusedRounds",
+    "NgramIndex",
+    "SpeculativeStats",
+    "accept_or_resample",
+    "acceptance",
+    "acceptance_probability",
+    "chi_square_test",
+    "expected_tokens_per_target_call",
+    "fused_prefill",
+    "fused_round_call",
+    "fused_rounds",
+    "fuses_rounds",
+    "greedy_accept",
+    "prefill_bucket",
+    "prompt_lookup_generate",
+    "speculative_generate",
+    "speculative_token_counts",
+    "total_variation",
+    "warmup_speculative",
 ]
 
 
-def speculative_generate(target, draft, prompt, max_new_tokens: int, *, gamma: int | None = None,
-                         temperature: float = 0.0, sampling: SamplingConfig | None = None,
-                         generator: torch.Generator | None = None, eos_id: int | None = None,
-                         trace: bool = False, fuse_rounds: bool = True) -> tuple[torch.Tensor, SpeculativeStats]:
+def speculative_generate(
+    target,
+    draft,
+    prompt,
+    max_new_tokens: int,
+    *,
+    gamma: int | None = None,
+    temperature: float = 0.0,
+    sampling: SamplingConfig | None = None,
+    generator: torch.Generator | None = None,
+    eos_id: int | None = None,
+    trace: bool = False,
+    fuse_rounds: bool = True,
+) -> tuple[torch.Tensor, SpeculativeStats]:
     """Generate max_new_tokens after `prompt` (batch size 1) with `draft` proposing `gamma` tokens per round.
 
     Returns ((1, T + n_new) ids, SpeculativeStats). At temperature 0 the ids equal
@@ -143,32 +176,37 @@ def speculative_generate(target, draft, prompt, max_new_tokens: int, *, gamma: i
     """
     static = isinstance(target, FastGenerator)
     if static != isinstance(draft, FastGenerator):
-        raise ValueError("target and draft must both be models or both FastGenerators; got "
-                         f"{type(target).__name__} and {type(draft).__name__}")
+        raise ValueError(
+            "target and draft must both be models or both FastGenerators; got "
+            f"{type(target).__name__} and {type(draft).__name__}"
+        )
     if gamma is None:
         greedy = check_sampling(sampling, temperature).greedy  # validates the settings first
         gamma = (DEFAULT_COMPILED_GAMMA if greedy else DEFAULT_COMPILED_SAMPLED_GAMMA) if static else DEFAULT_GAMMA
     t_model, d_model = (target.model, draft.model) if static else (target, draft)
     prompt, sampling = check_common(t_model, prompt, max_new_tokens, gamma, sampling, temperature, generator)
     if d_model.cfg.vocab_size != t_model.cfg.vocab_size:
-        raise ValueError(f"draft and target must share a vocabulary; vocab_size {d_model.cfg.vocab_size} "
-                         f"!= {t_model.cfg.vocab_size}")
+        raise ValueError(
+            f"draft and target must share a vocabulary; vocab_size {d_model.cfg.vocab_size} != {t_model.cfg.vocab_size}"
+        )
     T = prompt.shape[1]
+    run = RunSettings(prompt, max_new_tokens, gamma, sampling, generator, eos_id, trace)
     # the draft reads the same sequence, so it needs the same room (its proposals never go past
     # max_new_tokens); checked now, or its cache would overflow in the middle of the run
     check_generation_length(T, max_new_tokens, d_model.cfg.max_seq_len, window="the draft model's context window")
     if not static:
         S = min(T + max_new_tokens + gamma, t_model.cfg.max_seq_len)
         with torch.inference_mode():
-            return speculative_loop(EagerSteps(t_model, S), EagerSteps(d_model, min(S, d_model.cfg.max_seq_len)),
-                                     prompt, max_new_tokens, gamma, sampling, generator, eos_id, trace)
+            return speculative_loop(EagerSteps(t_model, S), EagerSteps(d_model, min(S, d_model.cfg.max_seq_len)), run)
     # static: positions n - 1 .. n + g of a round stay below T + max_new_tokens (g stops at max_new_tokens)
     for name, fast in (("target", target), ("draft", draft)):
         if fast.cache.batch_size != 1:
             raise ValueError(f"the {name} FastGenerator must have batch_size=1; got {fast.cache.batch_size}")
         if T + max_new_tokens > fast.cache.max_seq_len:
-            raise ValueError(f"prompt ({T}) + max_new_tokens ({max_new_tokens}) exceeds the {name} "
-                             f"FastGenerator's max_seq_len={fast.cache.max_seq_len}")
+            raise ValueError(
+                f"prompt ({T}) + max_new_tokens ({max_new_tokens}) exceeds the {name} "
+                f"FastGenerator's max_seq_len={fast.cache.max_seq_len}"
+            )
     warmup_speculative(target, draft, gamma, sampling=sampling)  # a no-op once compiled
     counts = speculative_token_counts(gamma)
     # no_grad, not inference_mode: the graphs were compiled under no_grad, and another grad mode is a
@@ -179,7 +217,6 @@ def speculative_generate(target, draft, prompt, max_new_tokens: int, *, gamma: i
     fused = fused_rounds(target, draft, gamma, not sampling.greedy) if fuse_rounds and fuses_rounds(sampling) else None
     prefill = fused_prefill(target, draft, T) if fuse_rounds else None  # compiled by warmup_speculative only
     with torch.no_grad():
-        return speculative_loop(StaticSteps(target, counts["target"]), StaticSteps(draft, counts["draft"]),
-                                 prompt, max_new_tokens, gamma, sampling, generator, eos_id, trace, later, fused,
-                                 prefill)
-
+        return speculative_loop(
+            StaticSteps(target, counts["target"]), StaticSteps(draft, counts["draft"]), run, later, fused, prefill
+        )

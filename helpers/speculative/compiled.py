@@ -5,6 +5,7 @@ The loop of model calls (helpers.speculative.loop) pays torch.compile's wrapper,
 a device -> host read between gamma + 1 graph calls; a fused round pays them once. Compiled rounds are
 kept per pair of generators (fused_rounds), so a second generation reuses them.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -66,9 +67,12 @@ class FusedRounds:
         # a frozen round without the GEMM loaded from the on-disk cache in 8-10 s, not ~2)
         self.freeze = target.gemm_autotune and draft.gemm_autotune
         self.room = round_room(target, draft)  # a round needs n + gamma <= room
-        self._fn = torch.compile(self._sampled_round if sampled else self._greedy_round,
-                                 **compile_options(target.mode, cpp_wrapper=target.cpp_wrapper, freeze=self.freeze,
-                                                   gemm_autotune=self.freeze))
+        self._fn = torch.compile(
+            self._sampled_round if sampled else self._greedy_round,
+            **compile_options(
+                target.mode, cpp_wrapper=target.cpp_wrapper, freeze=self.freeze, gemm_autotune=self.freeze
+            ),
+        )
         self.compiled = False
         self.compile_seconds = 0.0
 
@@ -121,7 +125,7 @@ class FusedRounds:
         t_logits = self._verify_logits(last2, proposed, n)  # (gamma + 1, V)
         finite &= torch.isfinite(t_logits.amax(-1)).all()
         p_target = apply_temperature(t_logits.float(), temperature).softmax(-1)  # (gamma + 1, V)
-        n_accepted, residual = acceptance(p_target, torch.stack(p_draft), proposed, u[g:2 * g])
+        n_accepted, residual = acceptance(p_target, torch.stack(p_draft), proposed, u[g : 2 * g])
         nxt = sample_from_uniform(residual, u[2 * g])
         self._commit(ids, n, n_accepted, nxt, proposed)
         return torch.cat([n_accepted.view(1), nxt.view(1), finite.long().view(1), proposed])  # (3 + gamma,)
@@ -135,17 +139,22 @@ class FusedRounds:
         if self.compiled:
             return None
         self.ids.zero_()
-        self._n.fill_(2)
-        # two calls: the second starts up to gamma + 1 positions later
-        error, seconds, _ = warm_compiled(self._fn, self._inputs(), [self.target.cache, self.draft.cache],
-                                          2 * self.gamma + 3, self.freeze)
+
+        def at_two(*inputs):  # the graph advances n: start both warm-up calls at n = 2
+            self._n.fill_(2)
+            return self._fn(*inputs)
+
+        error, seconds, _ = warm_compiled(
+            at_two, self._inputs(), [self.target.cache, self.draft.cache], self.gamma + 2, self.freeze
+        )
         self._n_value = -1
         self.compile_seconds += seconds
         self.compiled = error is None
         return error
 
-    def __call__(self, ids: torch.Tensor, n: int, sampling: SamplingConfig,
-                 generator: torch.Generator | None = None) -> tuple[int, int, list[int]]:
+    def __call__(
+        self, ids: torch.Tensor, n: int, sampling: SamplingConfig, generator: torch.Generator | None = None
+    ) -> tuple[int, int, list[int]]:
         """One round after the n committed ids in ids (1, S) (n >= 2): writes the accepted proposals and the
         next token into ids[0, n:n + accepted + 1]; returns (accepted, next token, the proposals).
         The round reads and writes `self.ids`: pass its first columns (run_rounds does) and nothing is copied;
@@ -164,12 +173,14 @@ class FusedRounds:
         k, nxt, finite, *proposed = out.tolist()  # the round's one device -> host read
         if not finite:
             self._n_value = -1
-            raise ValueError("the draft's or the target's logits hold NaN or +inf, or a row of nothing but -inf "
-                             "(allowed: finite values, with -inf for masked tokens); NaN logits usually mean "
-                             "the model overflowed")
+            raise ValueError(
+                "the draft's or the target's logits hold NaN or +inf, or a row of nothing but -inf "
+                "(allowed: finite values, with -inf for masked tokens); NaN logits usually mean "
+                "the model overflowed"
+            )
         self._n_value = n + k + 1
         if not own:
-            ids[:, n:n + k + 1] = self.ids[:, n:n + k + 1]
+            ids[:, n : n + k + 1] = self.ids[:, n : n + k + 1]
         return k, nxt, proposed
 
 
@@ -196,8 +207,11 @@ def fused_rounds(target: FastGenerator, draft: FastGenerator, gamma: int, sample
         error = fused.warmup()
         if error is not None:
             kind = "sampled" if sampled else "greedy"
-            warnings.warn(f"torch.compile failed for the fused {kind} round ({type(error).__name__}: "
-                          f"{str(error)[:200]}); {kind} rounds call the models one at a time", stacklevel=2)
+            warnings.warn(
+                f"torch.compile failed for the fused {kind} round ({type(error).__name__}: "
+                f"{str(error)[:200]}); {kind} rounds call the models one at a time",
+                stacklevel=2,
+            )
             fused = None
         rounds[key] = fused
     return rounds[key]
@@ -209,8 +223,9 @@ def round_room(target: FastGenerator, draft: FastGenerator) -> int:
     return min(target.cache.max_seq_len, draft.cache.max_seq_len + 1)
 
 
-def fused_round_call(fast_target: FastGenerator, fast_draft: FastGenerator, gamma: int, position: int,
-                     sampled: bool = False):
+def fused_round_call(
+    fast_target: FastGenerator, fast_draft: FastGenerator, gamma: int, position: int, sampled: bool = False
+):
     """A zero-argument function that runs one compiled round (gamma draft steps and the verify pass, one graph:
     FusedRounds) after `position` committed tokens, for timing it against a single target step; None when
     the round does not compile. It writes both caches (the target's at position - 1 .. position + gamma - 1,
@@ -229,6 +244,7 @@ def fused_round_call(fast_target: FastGenerator, fast_draft: FastGenerator, gamm
         rounds._n.fill_(position)
         rounds._n_value = -1
         return rounds._fn(*rounds._inputs())
+
     return run
 
 
@@ -238,9 +254,15 @@ def speculative_token_counts(gamma: int) -> dict[str, tuple[int, ...]]:
     return {"target": (gamma + 1,), "draft": (1, 2)}
 
 
-def warmup_speculative(fast_target: FastGenerator, fast_draft: FastGenerator, gamma: int = DEFAULT_COMPILED_GAMMA,
-                       *, temperature: float = 0.0, sampling: SamplingConfig | None = None,
-                       prompt_lengths=()) -> float:
+def warmup_speculative(
+    fast_target: FastGenerator,
+    fast_draft: FastGenerator,
+    gamma: int = DEFAULT_COMPILED_GAMMA,
+    *,
+    temperature: float = 0.0,
+    sampling: SamplingConfig | None = None,
+    prompt_lengths=(),
+) -> float:
     """Compile every graph speculative_generate(fast_target, fast_draft, ..., gamma=gamma) uses with these
     sampling settings (the same arguments): each model's steps for the loop of model calls, and the
     round as one graph (FusedRounds, greedy or sampled) where fuses_rounds(sampling); with prompt_lengths,
@@ -259,6 +281,10 @@ def warmup_speculative(fast_target: FastGenerator, fast_draft: FastGenerator, ga
         fused_rounds(fast_target, fast_draft, gamma, sampled=not sampling.greedy)  # compiles on first use
     prefills = {fused_prefill(fast_target, fast_draft, n, compile=True) for n in lengths} - {None}
     rounds = _FUSED_ROUNDS.get(fast_target, {})
-    return (seconds + sum(r.compile_seconds for (d, g, _), r in rounds.items()
-                          if d == id(fast_draft) and g == gamma and r is not None)
-            + sum(p.compile_seconds for p in prefills))
+    return (
+        seconds
+        + sum(
+            r.compile_seconds for (d, g, _), r in rounds.items() if d == id(fast_draft) and g == gamma and r is not None
+        )
+        + sum(p.compile_seconds for p in prefills)
+    )

@@ -1,4 +1,5 @@
 """Checking exactness: is a sample distributed as p_target? (total variation, Pearson's chi-square test)"""
+
 from __future__ import annotations
 
 import torch
@@ -20,8 +21,9 @@ def chi_square_test(counts: torch.Tensor, probs: torch.Tensor, min_expected: flo
     """
     counts, probs = counts.double().flatten(), probs.double().flatten()
     if counts.shape != probs.shape:
-        raise ValueError(f"counts and probs must have the same number of outcomes; got {counts.numel()} "
-                         f"and {probs.numel()}")
+        raise ValueError(
+            f"counts and probs must have the same number of outcomes; got {counts.numel()} and {probs.numel()}"
+        )
     n = counts.sum()
     expected = n * probs / probs.sum()
     if (counts[expected == 0] > 0).any():  # an impossible outcome happened: certainly not from probs
@@ -40,8 +42,11 @@ def chi_square_test(counts: torch.Tensor, probs: torch.Tensor, min_expected: flo
     stat = float(((obs - exp) ** 2 / exp).sum())
     dof = int(obs.numel()) - 1
     if dof < 1:
-        raise ValueError("chi_square_test needs at least 2 outcomes with enough expected counts; "
-                         f"got {obs.numel()} (lower min_expected or draw more samples)")
-    p_value = float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
-                                            torch.tensor(stat / 2, dtype=torch.float64)))
+        raise ValueError(
+            "chi_square_test needs at least 2 outcomes with enough expected counts; "
+            f"got {obs.numel()} (lower min_expected or draw more samples)"
+        )
+    p_value = float(
+        torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64))
+    )
     return stat, dof, p_value

@@ -4,6 +4,7 @@ No draft model: the proposal is what followed the most recent earlier occurrence
 The proposals are deterministic, so the acceptance rule keeps the target's distribution exactly.
 Runs on models only: its proposals vary in length every round, so each length would need its own graph.
 """
+
 from __future__ import annotations
 
 import torch
@@ -27,8 +28,10 @@ class NgramIndex:
     continuation after it can be proposed. Updated incrementally: O(max_ngram) dict writes per token."""
 
     def __init__(self, max_ngram: int = DEFAULT_MAX_NGRAM, min_ngram: int = 1):
-        if not all(isinstance(n, int) and not isinstance(n, bool) for n in (min_ngram, max_ngram)) \
-                or not 1 <= min_ngram <= max_ngram:
+        if (
+            not all(isinstance(n, int) and not isinstance(n, bool) for n in (min_ngram, max_ngram))
+            or not 1 <= min_ngram <= max_ngram
+        ):
             raise ValueError(f"need 1 <= min_ngram <= max_ngram; got min_ngram={min_ngram!r}, max_ngram={max_ngram!r}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.tokens: list[int] = []
@@ -41,7 +44,7 @@ class NgramIndex:
         # index n-grams ending at e for every e that now has a successor token: e <= len - 1
         for e in range(max(start, 1), len(toks)):
             for n in range(self.min_ngram, min(self.max_ngram, e) + 1):
-                self.table[tuple(toks[e - n:e])] = e
+                self.table[tuple(toks[e - n : e])] = e
 
     def propose(self, k: int) -> list[int]:
         """Up to k tokens that followed the most recent earlier occurrence of the longest matching suffix."""
@@ -49,16 +52,25 @@ class NgramIndex:
         for n in range(min(self.max_ngram, len(toks)), self.min_ngram - 1, -1):
             e = self.table.get(tuple(toks[-n:]))
             if e is not None:
-                return toks[e:e + k]
+                return toks[e : e + k]
         return []
 
 
 @torch.inference_mode()
-def prompt_lookup_generate(target, prompt, max_new_tokens: int, *, gamma: int = DEFAULT_LOOKUP_GAMMA,
-                           max_ngram: int = DEFAULT_MAX_NGRAM, min_ngram: int = DEFAULT_MIN_NGRAM,
-                           temperature: float = 0.0, sampling: SamplingConfig | None = None,
-                           generator: torch.Generator | None = None,
-                           eos_id: int | None = None, trace: bool = False) -> tuple[torch.Tensor, SpeculativeStats]:
+def prompt_lookup_generate(
+    target,
+    prompt,
+    max_new_tokens: int,
+    *,
+    gamma: int = DEFAULT_LOOKUP_GAMMA,
+    max_ngram: int = DEFAULT_MAX_NGRAM,
+    min_ngram: int = DEFAULT_MIN_NGRAM,
+    temperature: float = 0.0,
+    sampling: SamplingConfig | None = None,
+    generator: torch.Generator | None = None,
+    eos_id: int | None = None,
+    trace: bool = False,
+) -> tuple[torch.Tensor, SpeculativeStats]:
     """Speculative decoding with prompt lookup as the drafter: no draft model.
 
     Each round proposes up to `gamma` tokens: the continuation of the most recent earlier occurrence of
@@ -84,7 +96,7 @@ def prompt_lookup_generate(target, prompt, max_new_tokens: int, *, gamma: int = 
         proposal = index.propose(min(gamma, end - n - 1))
         g = len(proposal)
         if g:
-            ids[0, n:n + g] = torch.tensor(proposal, dtype=torch.long)
+            ids[0, n : n + g] = torch.tensor(proposal, dtype=torch.long)
         n_acc, nxt = verify_round(steps, ids, n, g, sampling, None, generator)
         stats.target_calls += 1
         k, nxt = torch.stack([n_acc, nxt]).tolist()  # the round's one device -> host read
@@ -96,7 +108,6 @@ def prompt_lookup_generate(target, prompt, max_new_tokens: int, *, gamma: int = 
         buf.n = n + k + 1
         steps.truncate(n + k)
         index.extend(proposal[:k] + [nxt])
-        if eos_id is not None and eos_id in index.tokens[n:n + k + 1]:
+        if eos_id is not None and eos_id in index.tokens[n : n + k + 1]:
             break
     return finish(buf, T, max_new_tokens, eos_id, stats), stats
-

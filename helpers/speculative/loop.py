@@ -6,9 +6,11 @@ One round (run_rounds) drafts, verifies with the rule (helpers.speculative.rule)
 tokens into one preallocated id buffer and rolls both steppers back. A round that runs as one compiled
 graph (helpers.speculative.compiled.FusedRounds) is passed in as `fused`; this module does not compile.
 """
+
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 
@@ -46,8 +48,8 @@ def verify_round(target, ids, n: int, g: int, sampling: SamplingConfig, p_draft,
     then the acceptance rule. target: a stepper (EagerSteps or StaticSteps) whose length is n - 1.
     p_draft (g, V) or None (a deterministic proposer, e.g. prompt lookup).
     Returns (number accepted, next token), both 0-d tensors on the model's device."""
-    logits = target.logits(ids[:, n - 1:n + g])  # (g + 1, V)
-    proposals = ids[0, n:n + g]  # (g,)
+    logits = target.logits(ids[:, n - 1 : n + g])  # (g + 1, V)
+    proposals = ids[0, n : n + g]  # (g,)
     if sampling.greedy:
         return greedy_accept(next_token(logits, sampling)[:, 0], proposals)  # next_token checks the logits
     return accept_or_resample(probabilities(logits, sampling), p_draft, proposals, generator)
@@ -86,8 +88,10 @@ class StaticSteps:
         self._arange = torch.arange(fast.cache.max_seq_len, device=device)  # (S,)
         # the compiled graphs (T = 1 is always one) read their inputs from these fixed tensors, whose
         # strides are the ones compiled for
-        self._inputs = {T: (torch.zeros(1, T, dtype=torch.long, device=device),
-                            torch.zeros(T, dtype=torch.long, device=device)) for T in {1, *token_counts}}
+        self._inputs = {
+            T: (torch.zeros(1, T, dtype=torch.long, device=device), torch.zeros(T, dtype=torch.long, device=device))
+            for T in {1, *token_counts}
+        }
 
     def logits(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:
         T, start = tokens.shape[1], self.length
@@ -95,10 +99,10 @@ class StaticSteps:
         if T in self._inputs:
             tok, pos = self._inputs[T]  # (1, T), (T,)
             tok.copy_(tokens)
-            pos.copy_(self._arange[start:start + T])
+            pos.copy_(self._arange[start : start + T])
             logits = fast.forward(tok, pos)[0]  # (T, V)
         elif T in fast.compiled_token_counts:  # a graph warmed up for another gamma
-            logits = fast.forward(tokens, self._arange[start:start + T])[0]  # (T, V)
+            logits = fast.forward(tokens, self._arange[start : start + T])[0]  # (T, V)
         else:
             # no graph for this T (the prefill, a short last round): the eager dynamic path on the same
             # buffers, which attends over positions 0..start+T-1 only, not over the whole masked buffer
@@ -117,6 +121,7 @@ class StaticSteps:
     def commit(self, end: int) -> None:
         """Positions [0, end) hold keys and values now (a fused round wrote them); later ones are forgotten."""
         self.length = end
+
 
 class IdBuffer:
     """Committed ids (and the current round's proposals after them) in one preallocated (1, S) tensor."""
@@ -153,8 +158,22 @@ def check_common(target, prompt, max_new_tokens, gamma, sampling, temperature, g
     return prompt, check_sampling(sampling, temperature)
 
 
-def speculative_loop(target, draft, prompt, max_new_tokens, gamma, sampling, generator, eos_id, trace,
-                      later_rounds=None, fused=None, prefill=None):
+@dataclass(frozen=True)
+class RunSettings:
+    """What stays fixed over one speculative generation: the (1, T) prompt, how many tokens to add, the
+    proposals per round, the sampling and its generator, the end-of-sequence id, and whether to record
+    every round (stats.trace). Checked by the caller (check_common), not here."""
+
+    prompt: torch.Tensor
+    max_new_tokens: int
+    gamma: int
+    sampling: SamplingConfig
+    generator: torch.Generator | None = None
+    eos_id: int | None = None
+    trace: bool = False
+
+
+def speculative_loop(target, draft, run: RunSettings, later_rounds=None, fused=None, prefill=None):
     """The rounds, on two steppers (EagerSteps or StaticSteps): logits(tokens) at positions
     length..length+T-1, and truncate(n). later_rounds: a context manager factory entered after the
     first round (the static path's guard skipping). fused: a FusedRounds for the steppers' generators and
@@ -162,12 +181,13 @@ def speculative_loop(target, draft, prompt, max_new_tokens, gamma, sampling, gen
     writes both models' K/V for prompt[:, :-1] (a compiled prefill: speculative.prefill), or None: each
     stepper prefills by its logits()."""
     with contextlib.ExitStack() as stack:
-        return run_rounds(target, draft, prompt, max_new_tokens, gamma, sampling, generator, eos_id, trace,
-                          (lambda: stack.enter_context(later_rounds())) if later_rounds else None, fused, prefill)
+        after_first = (lambda: stack.enter_context(later_rounds())) if later_rounds else None
+        return run_rounds(target, draft, run, after_first, fused, prefill)
 
 
-def run_rounds(target, draft, prompt, max_new_tokens, gamma, sampling, generator, eos_id, trace, after_first,
-               fused=None, prefill=None):
+def run_rounds(target, draft, run: RunSettings, after_first, fused=None, prefill=None):
+    prompt, max_new_tokens, gamma, eos_id, trace = run.prompt, run.max_new_tokens, run.gamma, run.eos_id, run.trace
+    sampling, generator = run.sampling, run.generator
     T = prompt.shape[1]
     stats = SpeculativeStats(trace=[] if trace else None)
     if max_new_tokens == 0:
@@ -211,7 +231,7 @@ def run_rounds(target, draft, prompt, max_new_tokens, gamma, sampling, generator
         stats.proposed.append(g)
         stats.accepted.append(k)
         buf.n = n + k + 1
-        if eos_id is not None and eos_id in ids[0, n:n + k + 1].tolist():
+        if eos_id is not None and eos_id in ids[0, n : n + k + 1].tolist():
             break
         if after_first is not None and stats.rounds == 1:
             after_first()
@@ -225,7 +245,7 @@ def round_of_calls(target, draft, ids, n, g, sampling, generator, p_draft, stats
     # 1. draft g tokens; the first step also feeds the committed tokens the draft has not seen (1 or 2)
     d_start = draft.length
     for i in range(g):
-        x = ids[:, d_start:n] if i == 0 else ids[:, n + i - 1:n + i]  # (1, 1 or 2)
+        x = ids[:, d_start:n] if i == 0 else ids[:, n + i - 1 : n + i]  # (1, 1 or 2)
         logits = draft.logits(x, last_only=True)[-1]  # (V,)
         if greedy:
             ids[0, n + i] = next_token(logits, sampling)  # the argmax, after checking the logits
@@ -235,7 +255,6 @@ def round_of_calls(target, draft, ids, n, g, sampling, generator, p_draft, stats
     # 2.-4. the target scores them in one pass; accept a prefix, then the residual or bonus token
     n_acc, nxt = verify_round(target, ids, n, g, sampling, None if greedy else p_draft[:g], generator)
     if trace:
-        stats.trace.append((ids[0, n:n + g].tolist(), int(n_acc), int(nxt)))
+        stats.trace.append((ids[0, n : n + g].tolist(), int(n_acc), int(nxt)))
     ids[0, n + n_acc] = nxt  # overwrites the first rejected proposal, if any
     return int(n_acc)  # the round's one device -> host read
-

@@ -11,6 +11,7 @@ prompt_lengths); any other prompt is prefilled eagerly, so a generation never wa
 
 Left out: chunking a prompt longer than the caches' room; sharing a bucket between pairs of generators.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -41,8 +42,12 @@ class FusedPrefill:
         self._pos = torch.arange(tokens, device=device)  # (tokens,)
         # frozen and autotuned where both generators are, as FusedRounds
         self.freeze = target.gemm_autotune and draft.gemm_autotune
-        self._fn = torch.compile(self._prefill, **compile_options(target.mode, cpp_wrapper=target.cpp_wrapper,
-                                                                  freeze=self.freeze, gemm_autotune=self.freeze))
+        self._fn = torch.compile(
+            self._prefill,
+            **compile_options(
+                target.mode, cpp_wrapper=target.cpp_wrapper, freeze=self.freeze, gemm_autotune=self.freeze
+            ),
+        )
         self.compiled = False
         self.compile_seconds = 0.0
 
@@ -55,8 +60,9 @@ class FusedPrefill:
         """Compile now (if not yet), leaving both caches as they were; returns the error, if any."""
         if self.compiled:
             return None
-        error, seconds, _ = warm_compiled(self._fn, (self._ids, self._pos), [self.target.cache, self.draft.cache],
-                                          self.tokens, self.freeze)
+        error, seconds, _ = warm_compiled(
+            self._fn, (self._ids, self._pos), [self.target.cache, self.draft.cache], self.tokens, self.freeze
+        )
         self.compile_seconds += seconds
         self.compiled = error is None
         return error
@@ -75,8 +81,9 @@ class FusedPrefill:
 _PREFILLS: "weakref.WeakKeyDictionary[FastGenerator, dict]" = weakref.WeakKeyDictionary()
 
 
-def fused_prefill(target: FastGenerator, draft: FastGenerator, prompt_len: int,
-                  compile: bool = False) -> FusedPrefill | None:
+def fused_prefill(
+    target: FastGenerator, draft: FastGenerator, prompt_len: int, compile: bool = False
+) -> FusedPrefill | None:
     """The compiled prefill for a prompt of prompt_len tokens (its first prompt_len - 1 go through it), or None:
     nothing to prefill, generators not compiled, the bucket past either cache, or (compile=False) not compiled
     yet. compile=True compiles it now if needed (warmup_speculative)."""
@@ -93,8 +100,11 @@ def fused_prefill(target: FastGenerator, draft: FastGenerator, prompt_len: int,
         prefill = FusedPrefill(target, draft, tokens)
         error = prefill.warmup()
         if error is not None:
-            warnings.warn(f"torch.compile failed for the fused prefill of {tokens} tokens ({type(error).__name__}: "
-                          f"{str(error)[:200]}); such prompts are prefilled eagerly", stacklevel=2)
+            warnings.warn(
+                f"torch.compile failed for the fused prefill of {tokens} tokens ({type(error).__name__}: "
+                f"{str(error)[:200]}); such prompts are prefilled eagerly",
+                stacklevel=2,
+            )
             prefill = None
         prefills[key] = prefill
     return prefills[key]

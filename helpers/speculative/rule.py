@@ -4,6 +4,7 @@ accept_or_resample keeps every committed token distributed exactly as the target
 greedy_accept is the same rule for one-hot distributions (temperature 0). Both work on a batch of
 independent rounds. No model and no loop here: helpers.speculative.loop drives the rounds.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ class SpeculativeStats:
     accepted[r] + 1 tokens (the last one from the residual, or the bonus token), except that the
     final round may be cut at max_new_tokens or at eos.
     """
+
     proposed: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
     target_calls: int = 0
@@ -47,9 +49,14 @@ class SpeculativeStats:
 
     def merge(self, other: "SpeculativeStats") -> "SpeculativeStats":
         trace = None if self.trace is None or other.trace is None else self.trace + other.trace
-        return SpeculativeStats(self.proposed + other.proposed, self.accepted + other.accepted,
-                                self.target_calls + other.target_calls, self.draft_calls + other.draft_calls,
-                                self.new_tokens + other.new_tokens, trace)
+        return SpeculativeStats(
+            self.proposed + other.proposed,
+            self.accepted + other.accepted,
+            self.target_calls + other.target_calls,
+            self.draft_calls + other.draft_calls,
+            self.new_tokens + other.new_tokens,
+            trace,
+        )
 
 
 def expected_tokens_per_target_call(alpha: float, gamma: int) -> float:
@@ -68,8 +75,12 @@ def acceptance_probability(p_target: torch.Tensor, p_draft: torch.Tensor) -> tor
     return torch.minimum(p_target, p_draft).sum(-1)
 
 
-def accept_or_resample(p_target: torch.Tensor, p_draft: torch.Tensor | None, draft_tokens: torch.Tensor,
-                       generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def accept_or_resample(
+    p_target: torch.Tensor,
+    p_draft: torch.Tensor | None,
+    draft_tokens: torch.Tensor,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The verification rule, for one round or for a batch of independent rounds.
 
     p_target:     (..., gamma + 1, V) the target's distributions at the gamma proposed positions and one more
@@ -100,8 +111,9 @@ def check_round_shapes(p_target, p_draft, draft_tokens) -> None:
         raise ValueError(f"p_draft must have gamma = {gamma} positions; got {p_draft.shape[-2]}")
 
 
-def acceptance(p_target: torch.Tensor, p_draft: torch.Tensor | None, draft_tokens: torch.Tensor,
-               u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def acceptance(
+    p_target: torch.Tensor, p_draft: torch.Tensor | None, draft_tokens: torch.Tensor, u: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The rule of accept_or_resample with its gamma uniforms u (..., gamma) given: returns n_accepted (...)
     and the (unnormalised) distribution (..., V) the next token is drawn from. No shape checks and no
     device -> host read, so a compiled graph can hold it (the fused sampled round)."""
@@ -145,14 +157,15 @@ def check_sampling(sampling: SamplingConfig | None, temperature: float) -> Sampl
     if sampling is None:
         sampling = SamplingConfig(temperature=temperature)
     if sampling.repetition_penalty != 1.0 or sampling.presence_penalty or sampling.frequency_penalty:
-        raise ValueError("speculative decoding here supports temperature, top_k, top_p and min_p; "
-                         "repetition_penalty must be 1.0 and presence_penalty / frequency_penalty 0.0 "
-                         f"(got {sampling.repetition_penalty}, {sampling.presence_penalty}, "
-                         f"{sampling.frequency_penalty})")
+        raise ValueError(
+            "speculative decoding here supports temperature, top_k, top_p and min_p; "
+            "repetition_penalty must be 1.0 and presence_penalty / frequency_penalty 0.0 "
+            f"(got {sampling.repetition_penalty}, {sampling.presence_penalty}, "
+            f"{sampling.frequency_penalty})"
+        )
     return sampling
 
 
 def check_gamma(gamma, name="gamma"):
     if not isinstance(gamma, int) or isinstance(gamma, bool) or not 1 <= gamma <= 64:
         raise ValueError(f"{name} must be an int in [1, 64]; got {gamma!r}")
-

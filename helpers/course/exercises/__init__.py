@@ -21,13 +21,21 @@ answer is tried on several cases):
 
 Left out: partial credit; a wrong answer says what was expected only in kind (type, shape), never the value.
 """
+
 from __future__ import annotations
 
 import sys
 from typing import Any, Callable
 
-__all__ = ["FROM_NOTEBOOK", "NOT_ATTEMPTED", "ExerciseNotRight", "exercise", "notebook_answer", "on_every",
-           "prediction"]
+__all__ = [
+    "FROM_NOTEBOOK",
+    "NOT_ATTEMPTED",
+    "ExerciseNotRight",
+    "exercise",
+    "notebook_answer",
+    "on_every",
+    "prediction",
+]
 
 NOT_ATTEMPTED = ...  # the placeholder an exercise cell starts with
 
@@ -63,16 +71,24 @@ def notebook_answer(name: str | tuple[str, ...], namespace: dict | None = None):
 def on_every(cases, check: Callable[[Any, Any], None]) -> Callable[[Any], bool]:
     """An `is_right` for `exercise` that tries the answer on several cases: it calls check(answer, case) for
     each case, in order, and is right when none raises (check's AssertionError says what went wrong)."""
+
     def is_right(answer) -> bool:
         for case in cases:
             check(answer, case)
         return True
+
     return is_right
 
 
-def exercise(label: str, answer: Any, is_right: Callable[[Any], Any], hint: str = "",
-             name: str | tuple[str, ...] = "", stub: Callable[[Any], bool] | None = None,
-             notice: str | Callable[[Any], str] = "") -> None:
+def exercise(
+    label: str,
+    answer: Any,
+    is_right: Callable[[Any], Any],
+    hint: str = "",
+    name: str | tuple[str, ...] = "",
+    stub: Callable[[Any], bool] | None = None,
+    notice: str | Callable[[Any], str] = "",
+) -> None:
     """Check one answer. `is_right(answer)` returns a truthy value for a right answer (it may also raise
     AssertionError with its own message). answer=FROM_NOTEBOOK reads it from the notebook variable(s) `name`.
     stub(answer): True while the answer is still the exercise cell's placeholder in another form than `...`
@@ -87,8 +103,11 @@ def exercise(label: str, answer: Any, is_right: Callable[[Any], Any], hint: str 
         if missing:
             print(f"Exercise {label}: run the answer cell above first (it defines {', '.join(missing)})")
             return None
-    if (answer is NOT_ATTEMPTED or (isinstance(answer, tuple) and any(a is NOT_ATTEMPTED for a in answer))
-            or (stub is not None and stub(answer))):
+    if (
+        answer is NOT_ATTEMPTED
+        or (isinstance(answer, tuple) and any(a is NOT_ATTEMPTED for a in answer))
+        or (stub is not None and stub(answer))
+    ):
         print(f"Exercise {label}: not attempted yet (replace the ... in the cell above, then re-run this check)")
         return None
     try:
@@ -111,10 +130,20 @@ def exercise(label: str, answer: Any, is_right: Callable[[Any], Any], hint: str 
         print(f"  notice: {said}")
 
 
-def prediction(label: str, predicted: Any, measure: Callable[[], float], *, unit: str = "",
-               name: str | tuple[str, ...] = "", rel_tol: float | None = None, ratio: float | None = None,
-               distance: float | None = None, within: tuple[float, float] | None = None, hint: str = "",
-               notice: str | Callable[[float], str] = "") -> None:
+def prediction(
+    label: str,
+    predicted: Any,
+    measure: Callable[[], float],
+    *,
+    unit: str = "",
+    name: str | tuple[str, ...] = "",
+    rel_tol: float | None = None,
+    ratio: float | None = None,
+    distance: float | None = None,
+    within: tuple[float, float] | None = None,
+    hint: str = "",
+    notice: str | Callable[[float], str] = "",
+) -> None:
     """Check a prediction against a measurement. `measure()` runs only once a prediction is written (a guess
     still at `...`, or whose cell has not run, measures nothing). The guess is right within one tolerance:
     `rel_tol` (relative: |guess / measured - 1| <= rel_tol), `ratio` (within a factor of the measurement),

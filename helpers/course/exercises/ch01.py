@@ -1,6 +1,7 @@
 """Checks for chapter 01's exercises (inside the model). Worked solutions:
 notebooks/solutions/01_inside_the_model_solutions.ipynb. Each check prints one line when right (and what to
 notice), or raises with one line saying what is off."""
+
 from __future__ import annotations
 
 import copy
@@ -33,15 +34,26 @@ def check_1(predicted_tab_ratio=FROM_NOTEBOOK) -> None:
     code = _code_sample()
     byte_ratio = len(code.replace("    ", "\t").encode()) / len(code.encode())
     prediction(
-        "01.1", predicted_tab_ratio, lambda: tab_token_ratio(tok), unit="x the tokens", rel_tol=0.1,
+        "01.1",
+        predicted_tab_ratio,
+        lambda: tab_token_ratio(tok),
+        unit="x the tokens",
+        rel_tol=0.1,
         name="predicted_tab_ratio",
-        notice=lambda m: (f"The text got {1 - byte_ratio:.0%} shorter in bytes but {m - 1:.0%} longer in tokens: the "
-                          "merges were learned on 4-space indents ('\\n   ' + ' return'), and the tab merged with "
-                          "neither neighbour: '\\n', '\\t', 'return' come out as three tokens."))
+        notice=lambda m: (
+            f"The text got {1 - byte_ratio:.0%} shorter in bytes but {m - 1:.0%} longer in tokens: the "
+            "merges were learned on 4-space indents ('\\n   ' + ' return'), and the tab merged with "
+            "neither neighbour: '\\n', '\\t', 'return' come out as three tokens."
+        ),
+    )
 
 
-TEXTS = ["def add(a, b):\n    return a + b\n", "    squares = [i ** 2 for i in range(10)]  # comment",
-         "class Stack:\n\tpass\n\n\n", "héllo, 世界!"]
+TEXTS = [
+    "def add(a, b):\n    return a + b\n",
+    "    squares = [i ** 2 for i in range(10)]  # comment",
+    "class Stack:\n\tpass\n\n\n",
+    "héllo, 世界!",
+]
 
 
 def check_2(encode_with_merges=FROM_NOTEBOOK) -> None:
@@ -54,13 +66,20 @@ def check_2(encode_with_merges=FROM_NOTEBOOK) -> None:
         got = list(f(text))
         assert got == tok.encode(text), (
             f"on {text!r} you get {len(got)} ids, tok.encode gives {len(tok.encode(text))}"
-            + (" (same count, different ids)" if len(got) == len(tok.encode(text)) else ""))
+            + (" (same count, different ids)" if len(got) == len(tok.encode(text)) else "")
+        )
 
-    exercise("01.2", encode_with_merges, on_every(TEXTS, right_on),
-             hint="split with SPLIT_PATTERN, list each chunk's UTF-8 bytes, apply every merge in learned order",
-             notice=(f"{len(tok.merges):,} merges, applied in the order they were learned, reproduce the tokenizer: "
-                     "encoding is training replayed, with no counting left to do"),
-             name="encode_with_merges")
+    exercise(
+        "01.2",
+        encode_with_merges,
+        on_every(TEXTS, right_on),
+        hint="split with SPLIT_PATTERN, list each chunk's UTF-8 bytes, apply every merge in learned order",
+        notice=(
+            f"{len(tok.merges):,} merges, applied in the order they were learned, reproduce the tokenizer: "
+            "encoding is training replayed, with no counting left to do"
+        ),
+        name="encode_with_merges",
+    )
 
 
 def rope_off_ratio(model, tok) -> float:
@@ -81,7 +100,14 @@ def check_3(model, tok, predicted_rope_off_ratio=FROM_NOTEBOOK) -> None:
     n_tokens = len(tok.encode(code))
     uniform = math.log2(tok.vocab_size) * n_tokens / len(code.encode())
     prediction(
-        "01.3", predicted_rope_off_ratio, lambda: rope_off_ratio(model, tok), unit="x the bits per byte",
-        name="predicted_rope_off_ratio", rel_tol=0.25,
-        notice=(f"Worse, but far from a uniform guess ({uniform:.1f} bits/byte on this text): which tokens came "
-                "before still says a lot, even when nothing says in what order."))
+        "01.3",
+        predicted_rope_off_ratio,
+        lambda: rope_off_ratio(model, tok),
+        unit="x the bits per byte",
+        name="predicted_rope_off_ratio",
+        rel_tol=0.25,
+        notice=(
+            f"Worse, but far from a uniform guess ({uniform:.1f} bits/byte on this text): which tokens came "
+            "before still says a lot, even when nothing says in what order."
+        ),
+    )

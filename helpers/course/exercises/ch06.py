@@ -1,6 +1,7 @@
 """Exercise checks for chapter 06 (FLOPs and memory). Worked solutions:
 notebooks/solutions/06_flops_and_memory_solutions.ipynb. Exercises 2 and 4 are predictions: a prediction within
 the stated tolerance is right, and the check then says what the computed or measured value was."""
+
 from __future__ import annotations
 
 from . import FROM_NOTEBOOK, exercise, notebook_answer, prediction
@@ -12,8 +13,7 @@ M2_ULTRA_BANDWIDTH = 800e9  # spec sheet, as in the chapter
 def _llama70b():
     from ...model import ModelConfig
 
-    return ModelConfig(vocab_size=128256, max_seq_len=8192, n_layers=80, d_model=8192, n_heads=64, n_kv_heads=8,
-                       d_ff=28672, rope_theta=500000.0)
+    return ModelConfig.from_preset("llama3-70b")
 
 
 def check_1(answer=FROM_NOTEBOOK):
@@ -27,8 +27,9 @@ def check_1(answer=FROM_NOTEBOOK):
         params, ratio = a
         return params == p and abs(float(ratio) - p / matmul_parameters(cfg)) < 1e-4
 
-    exercise("06.1", answer, is_right, hint="build the ModelConfig; count with tied_embeddings=False",
-             name="answer_70b")
+    exercise(
+        "06.1", answer, is_right, hint="build the ModelConfig; count with tied_embeddings=False", name="answer_70b"
+    )
 
 
 def check_2(answer=FROM_NOTEBOOK):
@@ -43,12 +44,19 @@ def check_2(answer=FROM_NOTEBOOK):
         assert abs(off) < 0.1, f"{'above' if off > 0 else 'below'} the limit by more than 10%"
         return True
 
-    exercise("06.2", answer, is_right, name="predicted_limit",
-             hint="per sequence: FLOPs 2 x matmul weights + attention's 4 L H D S, over 2 L H_kv D S x 2 bytes")
+    exercise(
+        "06.2",
+        answer,
+        is_right,
+        name="predicted_limit",
+        hint="per sequence: FLOPs 2 x matmul weights + attention's 4 L H D S, over 2 L H_kv D S x 2 bytes",
+    )
     predicted = notebook_answer("predicted_limit")[0] if answer is FROM_NOTEBOOK else answer
     if isinstance(predicted, (int, float)) and abs(predicted / limit - 1) < 0.1:
-        print(f"notice: the limit is {limit:.1f} FLOP/byte, far below an H100's ridge point of 295: at 4K tokens "
-              f"per sequence batched decode stays memory-bound at any batch; 4 of it is attention's own intensity")
+        print(
+            f"notice: the limit is {limit:.1f} FLOP/byte, far below an H100's ridge point of 295: at 4K tokens "
+            f"per sequence batched decode stays memory-bound at any batch; 4 of it is attention's own intensity"
+        )
 
 
 def check_3(answer=FROM_NOTEBOOK):
@@ -80,7 +88,13 @@ def check_4(device="cpu", answer=FROM_NOTEBOOK):
 
     # the roofline is a lower bound: a step takes somewhat longer than it, never several times less
     prediction(
-        "06.4", answer, measure, within=(0.5, 4), unit="ms",
+        "06.4",
+        answer,
+        measure,
+        within=(0.5, 4),
+        unit="ms",
         hint="the bytes one step reads (forward_bytes), over the read roof for that many bytes (cal.read_roof)",
         notice="a weight stream runs at a fraction of the read roof, and a step adds its operators' fixed costs "
-               "(compare section 6.2's 4-layer model)", name="predicted_ms")
+        "(compare section 6.2's 4-layer model)",
+        name="predicted_ms",
+    )

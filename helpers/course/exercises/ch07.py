@@ -1,6 +1,7 @@
 """Chapter 07's exercise checks (worked solutions: notebooks/solutions/07_where_the_time_goes_solutions.ipynb).
 Exercise 2 is a prediction checked by a measurement (the profiler's count of the draft model's operators, the
 same on every machine); a prediction within 15% is right, and the check then says what it measured."""
+
 from __future__ import annotations
 
 from . import FROM_NOTEBOOK, exercise, prediction
@@ -23,14 +24,20 @@ def draft_step_calls() -> int:
 
 def check_1(draft_calls_per_step=FROM_NOTEBOOK):
     """The torch calls Python makes in one eager decode step of the draft model."""
+
     def right(answer):
         assert isinstance(answer, int), f"a whole number of calls; got a {type(answer).__name__}"
         return answer == draft_step_calls()
 
-    return exercise("07.1", draft_calls_per_step, right,
-                    hint="count_torch_calls(...) returns a Counter: add up its values", name="draft_calls_per_step",
-                    notice="one layer costs the same calls as one of the target's six; the embedding, final norm "
-                           "and head are paid once, whatever the depth")
+    return exercise(
+        "07.1",
+        draft_calls_per_step,
+        right,
+        hint="count_torch_calls(...) returns a Counter: add up its values",
+        name="draft_calls_per_step",
+        notice="one layer costs the same calls as one of the target's six; the embedding, final norm "
+        "and head are paid once, whatever the depth",
+    )
 
 
 def one_step_fn(model, device):
@@ -63,16 +70,22 @@ def draft_step_operators(device="cpu") -> float:
 def check_2(device="cpu", predicted_draft_ops=FROM_NOTEBOOK):
     """A prediction checked by a measurement: the ATen operators one eager decode step of the draft model dispatches."""
     return prediction(
-        "07.2", predicted_draft_ops, lambda: draft_step_operators(device), rel_tol=0.15, unit="operators",
+        "07.2",
+        predicted_draft_ops,
+        lambda: draft_step_operators(device),
+        rel_tol=0.15,
+        unit="operators",
         name="predicted_draft_ops",
         hint="each torch call from Python dispatches several ATen operators: section 1 printed both counts for the "
-             "target, and exercise 1 counted the draft's calls",
+        "target, and exercise 1 counted the draft's calls",
         notice="the ratio of operators to Python calls is about the same in both models: the dispatcher's fan-out "
-               "is a property of the code, and with it the fixed cost a step pays, whatever the weights")
+        "is a property of the code, and with it the fixed cost a step pays, whatever the weights",
+    )
 
 
 def check_3(ceiling_ms=FROM_NOTEBOOK):
     """The read-roof time of one bf16 decode step of the bench-150m config at position 16, at 20 GB/s."""
+
     def right(answer):
         import torch
 
@@ -83,25 +96,34 @@ def check_3(ceiling_ms=FROM_NOTEBOOK):
         expected = forward_bytes(cfg, 1, n_past=16, bytes_per_weight=2, bytes_per_kv=2) / 20e9 * 1e3
         return abs(float(torch.as_tensor(answer)) - expected) <= 1e-6 * expected
 
-    return exercise("07.3", ceiling_ms, right,
-                    hint="bytes per step (forward_bytes) / bytes per second, in milliseconds",
-                    name="ceiling_ms",
-                    notice="a real step takes longer: the read roof is a floor, and a weight stream reaches a "
-                           "fraction of it")
+    return exercise(
+        "07.3",
+        ceiling_ms,
+        right,
+        hint="bytes per step (forward_bytes) / bytes per second, in milliseconds",
+        name="ceiling_ms",
+        notice="a real step takes longer: the read roof is a floor, and a weight stream reaches a fraction of it",
+    )
 
 
 def check_4(bf16_answer=FROM_NOTEBOOK):
     """(the gap between 256.0 and the next bf16 number, the largest relative error of rounding to bf16 there)."""
+
     def right(answer):
         import torch
 
         gap, rel = (float(a) for a in answer)
         eps = torch.finfo(torch.bfloat16).eps
-        true_gap = (torch.tensor(256.0 + 256.0 * eps, dtype=torch.bfloat16) - torch.tensor(256.0, dtype=torch.bfloat16))
+        true_gap = torch.tensor(256.0 + 256.0 * eps, dtype=torch.bfloat16) - torch.tensor(256.0, dtype=torch.bfloat16)
         assert abs(gap - float(true_gap)) < 1e-9, "the gap above 256.0 is off: the spacing scales with the power of two"
         assert abs(rel - eps / 2) < 1e-12, "the largest relative rounding error is off: it is half a gap, relative"
         return True
 
-    return exercise("07.4", bf16_answer, right, name="bf16_answer",
-                    hint="a tuple of two numbers; 256 = 2^8, and bf16 keeps 8 significant bits",
-                    notice="the gap grows with the number (256 times the gap at 1.0), the relative error does not")
+    return exercise(
+        "07.4",
+        bf16_answer,
+        right,
+        name="bf16_answer",
+        hint="a tuple of two numbers; 256 = 2^8, and bf16 keeps 8 significant bits",
+        notice="the gap grows with the number (256 times the gap at 1.0), the relative error does not",
+    )

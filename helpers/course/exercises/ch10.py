@@ -1,5 +1,6 @@
 """Exercise checks for chapter 10 (beam search and structured output). Worked solutions:
 notebooks/solutions/10_beam_search_and_structured_output_solutions.ipynb."""
+
 from __future__ import annotations
 
 import itertools
@@ -26,8 +27,9 @@ def check_1(answer=FROM_NOTEBOOK):
         assert len(a) == 3, f"expected three names (one per length penalty), got {len(a)}"
         return tuple(str(x).strip().upper() for x in a) == expected
 
-    return exercise("10.1", answer, is_right, hint="score = log-probability / length ** length_penalty; higher wins",
-                    name="winners")
+    return exercise(
+        "10.1", answer, is_right, hint="score = log-probability / length ** length_penalty; higher wins", name="winners"
+    )
 
 
 def check_2(answer=FROM_NOTEBOOK):
@@ -41,8 +43,13 @@ def check_2(answer=FROM_NOTEBOOK):
         assert len(a) == 2, f"expected two probabilities (constrained, true), got {len(a)}"
         return abs(float(a[0]) - constrained) < 1e-3 and abs(float(a[1]) - true) < 1e-3
 
-    return exercise("10.2", answer, is_right, hint="the masked sampler renormalises one step at a time; "
-                                                   "the true conditional weighs whole outputs", name="masked_and_true")
+    return exercise(
+        "10.2",
+        answer,
+        is_right,
+        hint="the masked sampler renormalises one step at a time; the true conditional weighs whole outputs",
+        name="masked_and_true",
+    )
 
 
 def _bool_arrays(lengths, sep=", "):
@@ -64,14 +71,22 @@ def check_3(answer=FROM_NOTEBOOK):
             assert isinstance(json.loads(s), list)
         return True
 
-    return exercise("10.3", answer, is_right, hint="a group for one boolean, then (, boolean) repeated 0 to 2 times",
-                    name="bool_array_pattern")
+    hint = "a group for one boolean, then (, boolean) repeated 0 to 2 times"
+    return exercise("10.3", answer, is_right, hint=hint, name="bool_array_pattern")
 
 
 def check_4(predicted=FROM_NOTEBOOK, measure=None):
     """A prediction of the share of "a" among masked samples of `a|bbbb` when "a" 0.3, "b" 0.1, end 0.6 at every
     step; `measure()` samples it, and runs only once a prediction is given."""
-    prediction("10.4", predicted, measure, distance=0.05, name="predicted_share_of_a",
-               hint="masked sampling decides at the first step, between the allowed tokens",
-               notice=lambda share: "the first token decides, renormalised over 'a' and 'b' alone (0.3 / 0.4); how "
-                                    "unlikely the forced 'bbb' after it is never enters")
+    prediction(
+        "10.4",
+        predicted,
+        measure,
+        distance=0.05,
+        name="predicted_share_of_a",
+        hint="masked sampling decides at the first step, between the allowed tokens",
+        notice=lambda share: (
+            "the first token decides, renormalised over 'a' and 'b' alone (0.3 / 0.4); how "
+            "unlikely the forced 'bbb' after it is never enters"
+        ),
+    )

@@ -1,6 +1,7 @@
 """Exercise checks for chapter 11 (quantization). Worked solutions:
 notebooks/solutions/11_quantization_solutions.ipynb. Exercise 4 is a prediction checked by a measurement (bits per
 byte of the course model with 3-bit NormalFloat weights); a prediction within a factor of two is right."""
+
 from __future__ import annotations
 
 import math
@@ -19,15 +20,22 @@ def check_1(answer=FROM_NOTEBOOK):
     def bits(layer):
         return 8 * sum(layer.nbytes().values()) / (64 * 4096)
 
-    want = (bits(QuantizedLinear(torch.zeros(64, 4096), "int4", group_size=128)),
-            bits(QuantizedLinear(torch.zeros(64, 4096), "int8")))
+    want = (
+        bits(QuantizedLinear(torch.zeros(64, 4096), "int4", group_size=128)),
+        bits(QuantizedLinear(torch.zeros(64, 4096), "int8")),
+    )
 
     def is_right(a):
         int4_bits, int8_bits = a
         return abs(float(int4_bits) - want[0]) < 1e-9 and abs(float(int8_bits) - want[1]) < 1e-9
 
-    exercise("11.1", answer, is_right, hint="count the codes, then the 16-bit scale (and zero) each group or row adds",
-             name="answer_bits")
+    exercise(
+        "11.1",
+        answer,
+        is_right,
+        hint="count the codes, then the 16-bit scale (and zero) each group or row adds",
+        name="answer_bits",
+    )
 
 
 def check_2(answer=FROM_NOTEBOOK):
@@ -43,8 +51,9 @@ def check_2(answer=FROM_NOTEBOOK):
         assert len(codes) == 4, "four integers, one per weight"
         return [int(c) for c in codes] == q[0].tolist() and abs(float(error) - largest) < 1e-6
 
-    exercise("11.2", answer, is_right, hint="4-bit absmax uses the integers -7..7, so step = max|w| / 7",
-             name="answer_4bit")
+    exercise(
+        "11.2", answer, is_right, hint="4-bit absmax uses the integers -7..7, so step = max|w| / 7", name="answer_4bit"
+    )
 
 
 def check_3(answer=FROM_NOTEBOOK):
@@ -61,10 +70,15 @@ def check_3(answer=FROM_NOTEBOOK):
         assert (levels - want).abs().max() < 1e-5, "the levels are off: 4 quantiles above zero, 3 below, and the offset"
         return True
 
-    exercise("11.3", answer, is_right, name="nf3",
-             hint="torch.special.ndtri(torch.linspace(offset, 0.5, 5)[:-1]) gives the 4 positive quantiles",
-             notice="the gaps next to zero are about half those at the edges (NF4's are about a quarter): the same "
-                    "recipe, coarser levels")
+    exercise(
+        "11.3",
+        answer,
+        is_right,
+        name="nf3",
+        hint="torch.special.ndtri(torch.linspace(offset, 0.5, 5)[:-1]) gives the 4 positive quantiles",
+        notice="the gaps next to zero are about half those at the edges (NF4's are about a quarter): the same "
+        "recipe, coarser levels",
+    )
 
 
 def held_out_scorer(tok, device="cpu"):
@@ -118,11 +132,17 @@ def nf3_bits_per_byte_rise(model, tok, device="cpu") -> float:
 
 def check_4(model, tok, device="cpu", answer=FROM_NOTEBOOK):
     """A prediction checked by a measurement: the rise in bits per byte with 3-bit NormalFloat weights."""
-    prediction("11.4", answer, lambda: nf3_bits_per_byte_rise(model, tok, device), within=(0.5, 2),
-               unit="bits/byte", name="predicted_nf3_rise",
-               hint="between the uniform 3-bit rise and the 4-bit one; NF spends its levels where the weights are",
-               notice="compare it with NF4's rise at 4 bits (section 4) and the uniform 3-bit rise (the bits sweep): "
-                      "better-placed levels move the bend of the sweep, they do not remove it")
+    prediction(
+        "11.4",
+        answer,
+        lambda: nf3_bits_per_byte_rise(model, tok, device),
+        within=(0.5, 2),
+        unit="bits/byte",
+        name="predicted_nf3_rise",
+        hint="between the uniform 3-bit rise and the 4-bit one; NF spends its levels where the weights are",
+        notice="compare it with NF4's rise at 4 bits (section 4) and the uniform 3-bit rise (the bits sweep): "
+        "better-placed levels move the bend of the sweep, they do not remove it",
+    )
 
 
 H100 = dict(bf16=989.4e12, fp8=1978.9e12, bandwidth=3.35e12)  # NVIDIA H100 SXM datasheet, dense
@@ -145,6 +165,12 @@ def check_5(answer=FROM_NOTEBOOK):
         assert int(t_fp8) == want[1], "the FP8 T is off: 2T FLOPs over 1 byte per weight, against 1978.9 / 3.35"
         return True
 
-    exercise("11.5", answer, is_right, name="answer_prefill", hint="ridge point = peak FLOP/s / bandwidth",
-             notice="weight-only int4 turns compute-bound at a short prompt: past it only faster arithmetic helps, "
-                    "which FP8 (or W8A8 int8) brings and weight-only formats do not")
+    exercise(
+        "11.5",
+        answer,
+        is_right,
+        name="answer_prefill",
+        hint="ridge point = peak FLOP/s / bandwidth",
+        notice="weight-only int4 turns compute-bound at a short prompt: past it only faster arithmetic helps, "
+        "which FP8 (or W8A8 int8) brings and weight-only formats do not",
+    )

@@ -1,6 +1,7 @@
 """Chapter 13's exercise checks (batching and serving). Worked solutions are in
 notebooks/solutions/13_batching_and_serving_solutions.ipynb. Each check prints one line; a wrong answer
 says what is off, never the value."""
+
 from __future__ import annotations
 
 import math
@@ -11,26 +12,41 @@ from . import FROM_NOTEBOOK, exercise, prediction
 
 
 def check_1(blocks_held=FROM_NOTEBOOK):
-    return exercise("13.1", blocks_held, lambda a: int(a) == a and a == math.ceil((37 + 20 - 1) / 16),
-                    hint="KV is stored for the prompt and every generated token but the last", name="blocks_held")
+    return exercise(
+        "13.1",
+        blocks_held,
+        lambda a: int(a) == a and a == math.ceil((37 + 20 - 1) / 16),
+        hint="KV is stored for the prompt and every generated token but the last",
+        name="blocks_held",
+    )
 
 
 def check_2(wasted_share=FROM_NOTEBOOK):
     lengths = [5, 40, 12, 40]
     right = 1 - sum(lengths) / (len(lengths) * max(lengths))
-    return exercise("13.2", wasted_share, lambda a: abs(float(a) - right) < 1e-9,
-                    hint="every row runs as many steps as the longest", name="wasted_share")
+    return exercise(
+        "13.2",
+        wasted_share,
+        lambda a: abs(float(a) - right) < 1e-9,
+        hint="every row runs as many steps as the longest",
+        name="wasted_share",
+    )
 
 
 def check_3(tokens_skipped=FROM_NOTEBOOK):
     from ...serving import prefix_hashes
+
     first, second = list(range(70)) + [1] * 30, list(range(70)) + [2] * 30  # 70 shared tokens, 100 each
     usable = (len(second) - 1) // 8  # the last prompt token is always computed (it yields the first logits)
     equal = sum(1 for a, b in zip(prefix_hashes(first, 8)[:usable], prefix_hashes(second, 8)) if a == b)
-    return exercise("13.3", tokens_skipped, lambda a: int(a) == a and a == 8 * equal,
-                    hint="only full blocks are cached, and a block's hash covers everything before it",
-                    name="tokens_skipped", notice="the 6 shared tokens of the 9th block are prefilled again: only "
-                                                  "whole blocks are shared")
+    return exercise(
+        "13.3",
+        tokens_skipped,
+        lambda a: int(a) == a and a == 8 * equal,
+        hint="only full blocks are cached, and a block's hash covers everything before it",
+        name="tokens_skipped",
+        notice="the 6 shared tokens of the 9th block are prefilled again: only whole blocks are shared",
+    )
 
 
 def _partial(q, k, v):
@@ -52,15 +68,20 @@ def check_4(merge_partials=FROM_NOTEBOOK):
             assert isinstance(merged, tuple) and len(merged) == 3, "return a tuple (m, l, acc)"
             _, l, acc = merged
             assert torch.isfinite(acc / l).all(), "acc / l is not finite: rescale both parts to the larger max"
-            assert (acc / l - whole).abs().max() < 1e-4, \
+            assert (acc / l - whole).abs().max() < 1e-4, (
                 "acc / l differs from attention over the whole context: each part must be rescaled by exp(m_part - m)"
+            )
         return True
 
-    return exercise("13.4", merge_partials, right, name="merge_partials",
-                    hint="the merged max is the larger of the two; each part's l and acc scale by "
-                         "exp(its m - that max)",
-                    notice="the merge is associative, so any number of parts, on any number of cores, combine "
-                           "in any order: flash-decoding's second pass")
+    return exercise(
+        "13.4",
+        merge_partials,
+        right,
+        name="merge_partials",
+        hint="the merged max is the larger of the two; each part's l and acc scale by exp(its m - that max)",
+        notice="the merge is associative, so any number of parts, on any number of cores, combine "
+        "in any order: flash-decoding's second pass",
+    )
 
 
 def check_5(predicted_ratio=FROM_NOTEBOOK):
@@ -80,12 +101,19 @@ def check_5(predicted_ratio=FROM_NOTEBOOK):
             tables = pool.padded_tables([c.block_table for c in chunks])
             lengths = torch.full((batch,), context)
             q = torch.randn(batch, H, D)
-            calls.append(lambda p=pool, t=tables, n=lengths, q=q:
-                         paged_decode_attention(q, p.k[0], p.v[0], t, n, 16))
+            calls.append(lambda p=pool, t=tables, n=lengths, q=q: paged_decode_attention(q, p.k[0], p.v[0], t, n, 16))
         many_short, few_long = time_interleaved(calls, "cpu", repeats=41)
         return median(few_long) / median(many_short)
 
-    return prediction("13.5", predicted_ratio, measure, within=(0.6, 1.5), name="predicted_ratio",
-                      hint="what does the kernel do per cached key, and how many keys does each case read in all?",
-                      notice=lambda r: "a decode step's attention costs what the batch's contexts add up to, "
-                                       "however they are split: the scheduler's KV budget is also a time budget")
+    return prediction(
+        "13.5",
+        predicted_ratio,
+        measure,
+        within=(0.6, 1.5),
+        name="predicted_ratio",
+        hint="what does the kernel do per cached key, and how many keys does each case read in all?",
+        notice=lambda r: (
+            "a decode step's attention costs what the batch's contexts add up to, "
+            "however they are split: the scheduler's KV budget is also a time budget"
+        ),
+    )
