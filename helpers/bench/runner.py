@@ -46,7 +46,6 @@ from .quantized import quantized_quality, rows_decode_bandwidth, rows_quantized,
 from .report import plot
 from .rows import Row, device_description, random_model
 from .speculative import rows_speculative, rows_speculative_compiled
-from .speculative_batched import rows_speculative_batched
 
 # the groups of rows, in the order they run (`--rows` picks some)
 GROUPS = (
@@ -167,6 +166,8 @@ def main(argv=None):
     if "speculative" in groups:
         rows += rows_speculative(model, draft, tok, n_spec, 2 if quick else 3, tick)
         # the gain from batch 1 to 32: batched speculation (rows in lockstep) vs plain batched decoding
+        from .speculative_batched import rows_speculative_batched  # also a command of its own: not imported above
+
         rows += rows_speculative_batched(model, draft, tok, n_spec, 2 if quick else 3, tick)
         if fast is not None:  # the same prompts, compiled draft and verify steps against the compiled plain loop
             rows += rows_speculative_compiled(model, draft, tok, n_spec, 2 if quick else 3, fast, tick)

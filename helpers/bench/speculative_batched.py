@@ -105,3 +105,31 @@ def rows_speculative_batched(
             )
         )
     return rows
+
+
+def main(argv=None) -> None:
+    """python -m helpers.bench.speculative_batched [--batches 1,2,4,8,16,32] [--new 128] [--repeats 3]: these rows
+    alone, on the course models, one torch thread."""
+    import argparse
+
+    from ..checkpoint import load_model
+    from ..course.notebook import setup
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--batches", default="1,2,4,8,16,32", help="comma-separated batch sizes (at most 32)")
+    parser.add_argument("--new", type=int, default=128, help="new tokens per row")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats per batch size")
+    parser.add_argument("--gamma", type=int, default=3, help="draft tokens per round")
+    args = parser.parse_args(argv)
+    device = setup(threads=1)
+    target, tok = load_model("target", device=device, dtype=torch.float32)
+    draft, _ = load_model("draft", device=device, dtype=torch.float32)
+    batches = tuple(int(b) for b in args.batches.split(","))
+    for row in rows_speculative_batched(
+        target, draft, tok, args.new, args.repeats, lambda: None, batches=batches, gamma=args.gamma
+    ):
+        print(row.line(), flush=True)
+
+
+if __name__ == "__main__":
+    main()
