@@ -82,3 +82,16 @@ def test_bad_input_names_the_parameter():
     other = random_model(ModelConfig.from_preset("tiny", vocab_size=7, max_seq_len=64, n_layers=1), seed=5)
     with pytest.raises(ValueError, match="vocab"):
         batched_speculative_generate(target, other, [[1, 2]], 4)
+
+
+def test_bench_rows_time_the_same_tokens(shipped):
+    from helpers.bench.speculative_batched import rows_speculative_batched
+
+    target, draft, tok = shipped
+    ticks = []
+    rows = rows_speculative_batched(target, draft, tok, 6, 1, lambda: ticks.append(1), batches=(1, 2), prompt_len=16)
+    assert [r.extra["batch_size"] for r in rows] == [1, 2] and len(ticks) == 2
+    assert all(r.same_output for r in rows)  # speculation changed no token of any row
+    one, two = (r.extra for r in rows)
+    assert one["lockstep_tokens_per_round"] == one["per_row_tokens_per_round"]
+    assert two["lockstep_tokens_per_round"] <= two["per_row_tokens_per_round"]
