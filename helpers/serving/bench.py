@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from .engine import Engine
-from .goodput import LOAD_FACTORS, TPOT_TARGET_STEPS, TTFT_TARGET_STEPS, goodput_sweep, sequential_rate
+from .goodput import LOAD_FACTORS, TPOT_TARGET_TPOTS, TTFT_TARGET_SERVICES, goodput_sweep, sequential_service
 from .step_profile import paged_step_seconds
 from .workload import RunResult, make_workload, run_engine, run_sequential
 
@@ -300,16 +300,16 @@ def rows_chunked_prefill(model, tok, quick: bool) -> list[dict]:
 def rows_goodput(model, tok, quick: bool) -> list[dict]:
     """Goodput at rising Poisson load (goodput.py): static batching, continuous batching, and continuous
     batching with chunked prefill, each against sequential generate, same workload, rates and targets
-    (TTFT <= 50 and TPOT <= 5 batch-1 decode steps of this machine, so they ask the same of any CPU).
-    Each row reports the best goodput each design reaches over the rates, and each design's knee."""
-    from ..measure.timing import decode_step_seconds
-
-    step = decode_step_seconds(model)
+    (in units of sequential generate's measured seconds per request and TPOT, so they ask the same of
+    any CPU). Each row reports the best goodput each design reaches over the rates, and its knee."""
     n = 16 if quick else 48
     wl = make_workload(tok, n, rate=1.0, prompt_len=(16, 128), output_len=(16, 64), seed=5)
-    unit = sequential_rate(wl, step)
-    factors = LOAD_FACTORS if quick else (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
-    sweep = goodput_sweep(model, wl, [f * unit for f in factors], TTFT_TARGET_STEPS * step, TPOT_TARGET_STEPS * step)
+    service, tpot = sequential_service(model, wl)
+    unit = 1 / service
+    factors = LOAD_FACTORS if quick else (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+    sweep = goodput_sweep(
+        model, wl, [f * unit for f in factors], TTFT_TARGET_SERVICES * service, TPOT_TARGET_TPOTS * tpot
+    )
 
     def knee(design):
         k = sweep.knee(design)
@@ -318,7 +318,7 @@ def rows_goodput(model, tok, quick: bool) -> list[dict]:
     base = sweep.best("sequential")
     stated = (
         f"TTFT <= {1e3 * sweep.ttft_target:.0f} ms, TPOT <= {1e3 * sweep.tpot_target:.1f} ms "
-        f"({TTFT_TARGET_STEPS} and {TPOT_TARGET_STEPS} batch-1 steps); best over load "
+        f"({TTFT_TARGET_SERVICES} sequential services, {TPOT_TARGET_TPOTS} sequential TPOTs); best over load "
         f"{', '.join(f'{f:g}' for f in factors)} x {unit:.1f} req/s; knee (>= 90% meet both) "
         f"sequential {knee('sequential')}"
     )
