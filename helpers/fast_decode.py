@@ -28,11 +28,27 @@ importing this module does nothing), and a later process with the same model sha
 `warmup()` says which happened (`compile_source`), and the seconds a cold compile took are kept in a small
 record beside the cache (`cold_compile_seconds`), so a run from the cache can still report them.
 
-On a CPU the generator also keeps each projection's weight transposed, (in, out) and contiguous
-(`input_major_copy`): for a batch-1 step, torch's matrix-vector product over that layout ran 1.6-2.1x
-faster than over nn.Linear's for the course model's projections (AVX-512 and AVX2; 1.1x with SSE4.2
-only; chapter 07 measures it on yours). It costs
-a second copy of those weights (19 MB for the course model); `input_major=False` turns it off. For
+On a CPU each one-row product of the compiled step is a sum that inductor generates (`gemv="sums"`,
+the default there; helpers/row_sums.py): y = (x * W).sum(-1) over nn.Linear's own (out, in) weight, cut
+into ROW_SPLIT blocks of output rows, becomes one vectorized C++ loop per product that streams W once
+with ROW_SPLIT independent accumulators. Torch's fp32 matrix-vector kernel read the weights at 0.64-0.72
+of the rate of a plain streaming sum over them, the generated loop at 1.0x of it (a 5632 x 1024 product,
+six weight copies, one thread, interleaved; 2-core AMD Zen 5 VM shared with other jobs). Over the whole
+step, interleaved on the same VM under load: the course model 1.33x faster than with torch's kernel
+(2.33 against 3.09 ms/token), the 149M random config (bench-150m) 1.30x (107 against 138 ms). That step
+read its weights at 0.88x of the read-only roof measured between its runs in a quiet window (torch's
+kernel: 0.58x; 0.99x and 0.59x loaded; `python -m helpers.bench --rows bandwidth`). It is ordinary
+generated code, no packed or copied weights, so inductor's graph cache keeps it: a new process loads the
+course model's step in 5-11 s (torch's kernel: 5-9 s); the cold compile took 35 s there. Eagerly and for
+several rows (prefill, a verify pass, a batch) the layer calls F.linear on the same weight. The opt-in
+autotuned GEMM below was 1.06-1.26x faster still in the same runs, at 43 s of lowering in every new
+process. `gemv="library"` switches back to torch's kernel.
+
+With `gemv="library"` (the default on a GPU) the generator keeps each projection's weight transposed on a
+CPU, (in, out) and contiguous (`input_major_copy`): for a batch-1 step, torch's matrix-vector product over
+that layout ran 1.6-2.1x faster than over nn.Linear's for the course model's projections (AVX-512 and AVX2;
+1.1x with SSE4.2 only; chapter 07 measures it on yours). It costs a second copy of those weights (19 MB for
+the course model); `input_major=False` turns it off (and, given without `gemv`, selects torch's kernel). For
 several rows at once (a 4-token verify pass, a batch, a prefill) the same layer multiplies by
 nn.Linear's own (out, in) weight instead, where the library's kernels are faster (InputMajorLinear):
 for 4 rows the 25 products took 2.59 ms instead of 3.89 (interleaved), and the compiled 4-token
@@ -48,23 +64,23 @@ static path keeps SDPA.
 On a CPU, what is left between the kernels goes too. `cpp_wrapper` (on by default there) has inductor
 drive its kernels and matmul calls from generated C++ instead of generated Python, and `freeze` (on by
 default for float weights) compiles the weights in as constants, so a step passes 14 tensors (token,
-position, the cache) instead of 55 through torch.compile's wrappers. Together about 1.17x on the course
-model's step (2.14 -> 1.76 ms, interleaved, same logits). Inductor's weight prepacking (a
-freezing pass that swaps each matmul for a packed library call) is turned off: it made the step 0.87x.
+position, the cache) instead of 55 through torch.compile's wrappers (gemv="library"). Together about
+1.17x on the course model's step (2.14 -> 1.76 ms, interleaved, same logits, gemv="library"). Inductor's
+weight prepacking (a freezing pass that swaps each matmul for a packed library call) is turned off: it
+made the step 0.87x.
 The weights are fixed when the step compiles: build a new generator after changing the model.
 Only a model whose tensors all have its own dtype is frozen by default: inductor folds constants
 ahead of time, which turned quantize/'s int8 codes and 16-bit weights back into float32 weights.
 
-Opt-in on a CPU, `gemm_autotune=True` (frozen weights only): inductor prepacks the weights and times,
-for every product, its own generated C++ GEMM (its CPU GEMM template) against the library's packed call,
-keeping the faster. It is often much faster (course model, one thread, AMD Zen 5 VM: 1.67-1.96x quiet;
-0.89-1.68 ms against 1.66-69 ms for the default step on the same VM heavily loaded, where the default
-step's time swung 40-fold between runs and the autotuned one's did not), but it is not the default, for
-its compile cost, which was not reliably cached: the packed weights could not be pickled, so inductor's
-graph cache was bypassed and a new process lowered the step again (course model: 15-20 s quiet, 68 s
-loaded, 2.1 s in one later quiet process; 326 s cold; the default step: 176 s cold, 2-5 s cached): too
+Opt-in on a CPU, `gemm_autotune=True` (frozen weights, torch's kernels: gemv="library"): inductor prepacks
+the weights and times, for every product, its own generated C++ GEMM (its CPU GEMM template) against the
+library's packed call, keeping the faster. Against torch's kernel it is often much faster (course model,
+one thread, AMD Zen 5 VM: 1.67-1.96x quiet), and it was 1.06-1.26x faster than the generated row sums
+(above), but it is not the default, for its compile cost, which is not cached: the packed weights
+could not be pickled, so inductor's graph cache was bypassed and a new process lowers the step again
+(course model: 15-43 s, 68 s loaded; 119-326 s cold; the row-sum step: 35 s cold, 5-11 s cached): too
 slow for every chapter and test that builds a generator. Without prepacking the template is cacheable but
-was slower than the default step (25.5 against 16.3 ms, loaded); on an Intel Xeon VM it bought nothing
+was slower than torch's kernel (25.5 against 16.3 ms, loaded); on an Intel Xeon VM it bought nothing
 (1.01x). Fused speculative rounds on two such generators are frozen and autotuned too (FusedRounds).
 
 `forward(tokens, input_pos)` runs T > 1 tokens through the same static path (speculative decoding's
@@ -102,7 +118,10 @@ from .generate import prepare_generation
 from .kv_cache import KVCache
 from .model import Attention
 from .options import keyword_options
+from .row_sums import RowSumLinear
 from .stopping import stop_checker
+
+GEMVS = ("sums", "library")  # how a compiled batch-1 step multiplies one row by a projection (see the docstring)
 
 
 def compile_available() -> bool:
@@ -157,16 +176,38 @@ def _share_tree(module: nn.Module) -> nn.Module:
     return twin
 
 
-def decode_copy(model: nn.Module, *, input_major: bool, static_attention: str) -> nn.Module:
-    """The model FastGenerator decodes with: a tree sharing `model`'s tensors (projections copied
-    transposed if input_major), whose attention modules attend with `static_attention` on the static path
-    ("sdpa" or "sums", see model.attention_as_sums). `model` itself is not changed."""
+def decode_copy(model: nn.Module, *, input_major: bool, static_attention: str, gemv: str = "library") -> nn.Module:
+    """The model FastGenerator decodes with: a tree sharing `model`'s tensors, whose bias-free nn.Linear
+    layers multiply one row as `gemv` says ("sums": RowSumLinear, the weight shared; "library": torch's
+    kernel, over a transposed copy if input_major) and whose attention modules attend with
+    `static_attention` on the static path ("sdpa" or "sums", see model.attention_as_sums). `model` itself
+    is not changed."""
     if static_attention not in ("sdpa", "sums"):
         raise ValueError(f"static_attention must be 'sdpa' or 'sums'; got {static_attention!r}")
-    twin = input_major_copy(model) if input_major else _share_tree(model)
+    if gemv not in GEMVS:
+        raise ValueError(f"gemv must be one of {GEMVS}; got {gemv!r}")
+    if gemv == "sums" and input_major:
+        raise ValueError(
+            "input_major is a layout for torch's kernel (gemv='library'); gemv='sums' reads "
+            "nn.Linear's own (out, in) weight"
+        )
+    if gemv == "sums":
+        twin = row_sums_copy(model)
+    else:
+        twin = input_major_copy(model) if input_major else _share_tree(model)
     for module in twin.modules():
         if isinstance(module, Attention):
             module.static_attention = static_attention
+    return twin
+
+
+def _with_linears_as(model: nn.Module, layer) -> nn.Module:
+    """The model with every bias-free nn.Linear replaced by layer(its weight); the rest is shared."""
+    twin = _share_tree(model)
+    for parent in twin.modules():
+        for name, child in parent._modules.items():
+            if type(child) is nn.Linear and child.bias is None:
+                parent._modules[name] = layer(child.weight)
     return twin
 
 
@@ -174,12 +215,13 @@ def input_major_copy(model: nn.Module) -> nn.Module:
     """The model with every nn.Linear replaced by an InputMajorLinear of the same weight; embeddings,
     norms and RoPE tables are shared with `model`, the projections are copied (transposed). Layers that
     are not nn.Linear (quantized ones, for example) are kept as they are."""
-    twin = _share_tree(model)
-    for parent in twin.modules():
-        for name, child in parent._modules.items():
-            if type(child) is nn.Linear and child.bias is None:
-                parent._modules[name] = InputMajorLinear(child.weight)
-    return twin
+    return _with_linears_as(model, InputMajorLinear)
+
+
+def row_sums_copy(model: nn.Module) -> nn.Module:
+    """The model with every nn.Linear replaced by a RowSumLinear of the same weight (row_sums.py); nothing
+    is copied. Layers that are not nn.Linear (quantized ones, for example) are kept as they are."""
+    return _with_linears_as(model, RowSumLinear)
 
 
 class FastGenerator:
@@ -197,17 +239,23 @@ class FastGenerator:
         static_attention: str | None = None,
         freeze: bool | None = None,
         gemm_autotune: bool = False,
+        gemv: str | None = None,
     ):
         use_course_compile_cache()  # the on-disk cache folder, set when the first generator is built
         self.model = model.eval()
-        # on a CPU, multiply single rows by projections stored (in, out) (several rows, as in prefill, keep
-        # nn.Linear's layout), and let the compiled step attend with explicit sums that inductor fuses: see
-        # the module docstring
+        # on a CPU, multiply single rows by sums that inductor generates (torch's kernel on request, over
+        # projections stored (in, out); several rows, as in prefill, keep nn.Linear's kernel and layout), and
+        # let the compiled step attend with explicit sums that inductor fuses: see the module docstring
         on_cpu = model.device.type == "cpu"
-        self.input_major = on_cpu if input_major is None else input_major
+        if gemv is None:  # naming a layout or the autotuned GEMM asks for torch's kernel
+            gemv = "sums" if on_cpu and input_major is None and not gemm_autotune else "library"
+        if gemv == "sums" and gemm_autotune:
+            raise ValueError("gemm_autotune times torch's and inductor's GEMMs: it needs gemv='library'")
+        self.gemv = gemv
+        self.input_major = (on_cpu and gemv == "library") if input_major is None else input_major
         self.static_attention = ("sums" if on_cpu else "sdpa") if static_attention is None else static_attention
         self.decode_model = decode_copy(
-            self.model, input_major=self.input_major, static_attention=self.static_attention
+            self.model, input_major=self.input_major, static_attention=self.static_attention, gemv=self.gemv
         )
         self.cache = KVCache.for_model(model, batch_size=batch_size, max_seq_len=max_seq_len)
         self.compile_seconds = 0.0
@@ -250,6 +298,7 @@ class FastGenerator:
         what = (
             f"{m.cfg.to_dict()} B={self.cache.batch_size} S={self.cache.max_seq_len} {m.dtype} {m.device.type} "
             f"mode={self.mode} cpp_wrapper={self.cpp_wrapper} input_major={self.input_major} "
+            f"{'gemv=sums ' if self.gemv == 'sums' else ''}"
             f"{'freeze ' if self.freeze else ''}{'gemm_autotune ' if self.gemm_autotune else ''}"
             f"{'' if self.static_attention == 'sdpa' else 'attention=' + self.static_attention + ' '}"
             f"torch={torch.__version__}"

@@ -15,6 +15,7 @@ from helpers.generate import generate, prefill
 from helpers.kv_cache import KVCache
 from helpers.model import ModelConfig, attention_as_sums
 from helpers.paths import INDUCTOR_CACHE, REPO
+from helpers.row_sums import RowSumLinear
 
 CFG = ModelConfig.from_preset("tiny", max_seq_len=256)
 
@@ -178,7 +179,9 @@ def test_input_major_on_or_off_gives_the_tokens_of_generate(model):
         fast = FastGenerator(model, compile=False, input_major=input_major)
         assert fast.input_major is input_major
         assert torch.equal(fast.generate(prompt, 80), ref)
-    assert FastGenerator(model, compile=False).input_major  # the default on a CPU
+    default = FastGenerator(model, compile=False)
+    assert default.gemv == "sums" and not default.input_major  # the default on a CPU: nn.Linear's own weights
+    assert FastGenerator(model, compile=False, gemv="library").input_major  # torch's kernel: the (in, out) copy
 
 
 @pytest.mark.skipif(not compile_available(), reason="torch.compile needs a C++ compiler on the CPU")
@@ -234,7 +237,8 @@ def test_compiled_cpu_step_attends_without_torchs_attention_kernel(model):
     ops = {}
     for attention in ("sums", "sdpa"):
         # the generated Python caller: the C++ one (the CPU default) calls the kernels past the profiler
-        fast = FastGenerator(model, max_seq_len=64, static_attention=attention, cpp_wrapper=False)
+        # torch's matrix-vector kernel (gemv="library"), to see that InputMajorLinear copies no activation
+        fast = FastGenerator(model, max_seq_len=64, static_attention=attention, cpp_wrapper=False, gemv="library")
         assert torch.equal(fast.generate(prompt, 40), ref) and fast.compiled
         step = partial(fast.step, torch.tensor([[3]]), torch.tensor([50]))
         ops[attention] = set(profile_step(step, steps=2).ops)
@@ -299,10 +303,10 @@ def test_frozen_weights_are_constants_of_the_compiled_step(model):
     fast = FastGenerator(model, max_seq_len=48)
     fast.warmup()
     assert fast.compiled
-    step_weights = [m.weight_t for m in fast.decode_model.modules() if isinstance(m, fast_decode.InputMajorLinear)]
+    step_weights = [m.weight for m in fast.decode_model.modules() if isinstance(m, RowSumLinear)]
     step_weights += [fast.decode_model.embed.weight, fast.decode_model.norm.weight]
-    assert all(is_frozen_param(w) for w in step_weights)  # compiled in as constants, not passed every step
-    plain = FastGenerator(model, max_seq_len=48, freeze=False)
+    assert len(step_weights) > 2 and all(is_frozen_param(w) for w in step_weights)  # constants, not inputs
+    plain = FastGenerator(model, max_seq_len=48, freeze=False, gemv="library")
     plain.warmup()
     own = [m.weight_t for m in plain.decode_model.modules() if isinstance(m, fast_decode.InputMajorLinear)]
     assert own and not any(is_frozen_param(w) for w in own)  # its own (in, out) copies: inputs of every step
@@ -323,15 +327,78 @@ def test_autotuned_gemm_step_gives_the_tokens_and_logits_of_the_library_step(mod
     assert tuned.compile_key() != FastGenerator(model, max_seq_len=48).compile_key()
     for prompt in ([3, 1, 4, 1, 5], [9]):
         assert torch.equal(tuned.generate(prompt, 40), generate(model, prompt, 40))
+    assert_step_logits_match_eager(tuned, model)
+
+
+def assert_step_logits_match_eager(fast, model):
+    """The compiled step's logits after a short prompt are the eager model's, to float rounding."""
     with torch.no_grad():
-        tuned.cache.reset()
-        cache = KVCache.for_model(model, max_seq_len=48)
+        fast.cache.reset()
+        cache = KVCache.for_model(model, max_seq_len=fast.cache.max_seq_len)
         prompt = torch.tensor([[3, 1, 4]])
-        prefill(tuned.decode_model, prompt, tuned.cache)
+        prefill(fast.decode_model, prompt, fast.cache)
         prefill(model, prompt, cache)
         expected = model(torch.tensor([[5]]), cache=cache, input_pos=torch.tensor([3]), check=False)[:, -1]  # (1, V)
-        got = tuned.step(torch.tensor([[5]]), torch.tensor([3]))
+        got = fast.step(torch.tensor([[5]]), torch.tensor([3]))
     assert (got - expected).abs().max() <= 1e-4 * expected.abs().max()
+
+
+@pytest.mark.skipif(not compile_available(), reason="torch.compile needs a C++ compiler on the CPU")
+def test_default_cpu_step_multiplies_by_generated_sums_with_the_tokens_and_logits_of_eager(model):
+    """The default on a CPU (gemv="sums"): every one-row product of the compiled step is inductor's own loop
+    (row_sums.py), so the step calls no matrix-multiply kernel; greedy tokens are generate's and logits the
+    eager step's to float rounding. gemv="library" calls torch's kernel for the same products."""
+    from helpers.measure.profiling import profile_step
+
+    prompt = [2, 7, 1, 8]
+    ref = generate(model, prompt, 40)
+    ops = {}
+    for gemv in ("sums", "library"):
+        # the generated Python caller: the C++ one (the CPU default) calls the kernels past the profiler
+        fast = FastGenerator(model, max_seq_len=64, cpp_wrapper=False, gemv=gemv)
+        assert fast.gemv == gemv and torch.equal(fast.generate(prompt, 40), ref) and fast.compiled
+        ops[gemv] = set(profile_step(partial(fast.step, torch.tensor([[3]]), torch.tensor([50])), steps=2).ops)
+    matmuls = {"aten::mm", "aten::addmm", "aten::matmul", "aten::linear", "aten::bmm"}
+    assert not ops["sums"] & matmuls, ops["sums"] & matmuls
+    assert ops["library"] & matmuls
+    fast = FastGenerator(model, max_seq_len=48)  # the default, with the C++ wrapper and frozen weights
+    assert fast.gemv == "sums" and fast.freeze and fast.cpp_wrapper
+    for prompt in ([3, 1, 4, 1, 5], [9]):
+        assert torch.equal(fast.generate(prompt, 40), generate(model, prompt, 40))
+    assert fast.compiled
+    assert_step_logits_match_eager(fast, model)
+
+
+def test_gemv_choice_is_checked(model):
+    with pytest.raises(ValueError, match="gemv must be one of"):
+        FastGenerator(model, compile=False, gemv="blas")
+    with pytest.raises(ValueError, match="gemm_autotune"):
+        FastGenerator(model, compile=False, gemv="sums", gemm_autotune=True)
+    with pytest.raises(ValueError, match="input_major"):
+        FastGenerator(model, compile=False, gemv="sums", input_major=True)
+    assert FastGenerator(model, compile=False, gemm_autotune=True).gemv == "library"  # its GEMMs are library ones
+    assert FastGenerator(model, compile=False, input_major=False).gemv == "library"  # a layout for torch's kernel
+
+
+def test_row_sum_linear_is_nn_linear_eagerly_and_to_rounding_compiled():
+    # eagerly (and for several rows) exactly F.linear over the shared weight; compiled, one row is
+    # ROW_SPLIT generated sums over K, equal to float rounding
+    from helpers.row_sums import ROW_SPLIT, row_split
+
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(96, 64, generator=g)
+    layer = RowSumLinear(w)
+    assert layer.weight is w and row_split(96) == ROW_SPLIT and row_split(97) == 1
+    x1, x4 = torch.randn(1, 1, 64, generator=g), torch.randn(1, 4, 64, generator=g)
+    with torch.no_grad():
+        assert torch.equal(layer(x1), torch.nn.functional.linear(x1, w))
+        assert torch.equal(layer(x4), torch.nn.functional.linear(x4, w))
+        if compile_available():
+            got = torch.compile(layer, fullgraph=True, dynamic=False)(x1)
+            assert got.shape == (1, 1, 96)
+            assert torch.allclose(got, torch.nn.functional.linear(x1, w), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="weight"):
+        RowSumLinear(torch.randn(4))
 
 
 _FROZEN_FROM_CACHE = """

@@ -552,7 +552,7 @@ def test_cuda_layer_refuses_cpu_input():
 
 
 def test_only_the_known_detach_copy_fallback_warning_is_dropped():
-    """_materialize's aten.detach_copy runs through inductor's proxy executor on purpose: that one warning
+    """row_sums.materialized's aten.detach_copy runs through inductor's proxy executor on purpose: that one warning
     goes, every other inductor warning still reaches the learner."""
     import logging
 

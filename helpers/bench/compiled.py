@@ -14,7 +14,8 @@ def rows_compile_levers(model, tok, n_new: int, repeats: int, fast, progress, tu
     """What each lever of the compiled step buys, each against the plain compiled step (buffer sized to
     the generation) in the same run: a buffer of the whole context window, the default CPU choices undone
     one at a time (generated Python driving the kernels in place of C++, the weights passed in as inputs
-    in place of frozen constants, nn.Linear's weight layout, torch's SDPA in place of fused attention),
+    in place of frozen constants, torch's matrix-vector kernel in place of the generated row sums, over
+    its (in, out) copy and over nn.Linear's layout, torch's SDPA in place of fused attention),
     `tuned` (the opt-in gemm_autotune step, if given), and the share of a generation that the (eager)
     prefill takes: compiling prefill can save at most that."""
     from ..fast_decode import FastGenerator
@@ -35,7 +36,10 @@ def rows_compile_levers(model, tok, n_new: int, repeats: int, fast, progress, tu
         levers.append(("Python wrapper in place of C++", FastGenerator(model, max_seq_len=S, cpp_wrapper=False)))
     if fast.freeze:  # what freezing buys: the same step taking its weights as inputs every call
         levers.append(("weights as inputs, not frozen", FastGenerator(model, max_seq_len=S, freeze=False)))
-    if fast.input_major:  # what the default layout buys: the same step with nn.Linear's (out, in) weights
+    if fast.gemv == "sums":  # what the generated row sums buy: torch's matrix-vector kernel, in both layouts
+        levers.append(("torch's GEMV, (in, out) copy", FastGenerator(model, max_seq_len=S, gemv="library")))
+        levers.append(("torch's GEMV, (out, in) weights", FastGenerator(model, max_seq_len=S, input_major=False)))
+    if fast.input_major:  # what the (in, out) copy buys: the same step with nn.Linear's (out, in) weights
         levers.append(("(out, in) weights, nn.Linear's layout", FastGenerator(model, max_seq_len=S, input_major=False)))
     if fast.static_attention == "sums":  # what the fused attention buys: the same step calling torch's SDPA
         levers.append(

@@ -9,12 +9,12 @@ from ..measure.timing import compiled_step_seconds, decode_step_seconds, decode_
 from .rows import Row, ratios
 
 
-def rows_decode_bandwidth(model, repeats: int, progress, fast=None) -> list[Row]:
+def rows_decode_bandwidth(model, repeats: int, progress, fast=None, library=None) -> list[Row]:
     """Batch-1 decode on a random-weight model too big for any cache: bytes it must read per token (all matmul
     weights + the KV cache so far) / time per token, against the read-only bandwidth measured between the
     steps (a streaming sum over a buffer far larger than the last-level cache, as calibration measures it: a
     decode step only reads its weights). The eager step, and the compiled one when `fast` (a FastGenerator
-    of `model`) is given."""
+    of `model`) is given, and `library` (one with gemv="library": torch's matrix-vector kernel) if given."""
     from ..measure.flops import matmul_parameters
     from .rows import ReadRoof
 
@@ -29,6 +29,9 @@ def rows_decode_bandwidth(model, repeats: int, progress, fast=None) -> list[Row]
     if fast is not None:
         fast.warmup()
         steps.append(("compiled step", lambda: compiled_step_seconds(fast, n_steps, context)))
+    if library is not None:
+        library.warmup()
+        steps.append(("compiled step, torch's GEMV", lambda: compiled_step_seconds(library, n_steps, context)))
     rows = []
     for label, seconds in steps:
         bw_runs, step_runs = [], []

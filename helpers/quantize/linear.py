@@ -60,35 +60,13 @@ multiplied by torch's real kernels (`kernel=`):
 
 from __future__ import annotations
 
-import logging
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..row_sums import materialized
 from . import arithmetic  # the functions by hand and the tables of formats and kernels, each named where used
 from .dynamic import dynamic_weight_bits, prepack_dynamic
-
-
-class _KnownFallback(logging.Filter):
-    """Drops inductor's warning that aten.detach_copy (see _materialize) has no C shim: with the C++ wrapper
-    it is called through the proxy executor instead, as intended, and a cold compile would otherwise print
-    the warning once per quantized layer."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "aten.detach_copy" not in record.getMessage()
-
-
-logging.getLogger("torch._inductor.ir").addFilter(_KnownFallback())
-
-
-def _materialize(x: torch.Tensor) -> torch.Tensor:
-    """A copy that inductor does not see into. Without it, inductor inlines the computation of a layer's
-    input (embedding lookup, RMSNorm, residual add, SiLU) into the fused_dequant loop, and so recomputes
-    it once per *output* row: the whole-model int8 step then ran 1.4x slower than torch's int8 kernel.
-    aten.detach_copy has no inductor lowering (torch 2.13), so it runs as a call into ATen from the
-    generated code (a few microseconds); a Python custom op did the same at ~85 us a call."""
-    return torch.ops.aten.detach_copy(x)
 
 
 def available_kernels(method: str, device) -> list[str]:
@@ -274,7 +252,7 @@ class QuantizedLinear(nn.Module):
         additions at once instead of waiting on one (a single sum's loop ran at about half the speed)."""
         lead, N = x.shape[:-1], self.out_features
         if torch.compiler.is_compiling():
-            x = _materialize(x)  # (..., K): computed once, not once per output row
+            x = materialized(x)  # (..., K): computed once, not once per output row
         x = x.reshape(1, self.in_features)  # (1, K)
         R = arithmetic.ROW_SPLIT if N % arithmetic.ROW_SPLIT == 0 else 1
         n = N // R
