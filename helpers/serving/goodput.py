@@ -27,8 +27,9 @@ median TPOT.
 Goodput is DistServe's: requests per second that meet both a TTFT target and a TPOT target (workload.py,
 RunResult.goodput). The knee of a design is the highest offered rate of the sweep at which it, and every
 lower rate, has at least `slo_share` (90%) of its requests meeting both targets (DistServe's SLO
-attainment); None when even the lowest rate misses. Below the knee goodput follows the offered load;
-past it requests start missing their targets, by queueing (TTFT) or by sharing steps (TPOT).
+attainment); None when even the lowest rate misses. Below the knee goodput follows the offered load
+(less the time the last requests take to finish); past it requests start missing their targets, by
+queueing (TTFT) or by sharing steps (TPOT).
 
 Left out: an open-loop generator that keeps sending while a design falls behind (each rate's arrivals
 are fixed in advance, so an overloaded design's queue drains at the end), several seeds per rate, and a

@@ -77,7 +77,8 @@ def percentile(values, q: float) -> float:
 
 
 def percentile_of(samples: str, q: float) -> property:
-    """A read-only property: the q-th percentile of the list the property `samples` returns (nan if empty)."""
+    """A read-only property: the q-th percentile of the list the property or method `samples` returns (nan if
+    empty)."""
 
     def value(self):
         got = getattr(self, samples)
