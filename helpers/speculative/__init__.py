@@ -59,7 +59,8 @@ Sampled tokens keep the target's distribution, but need not equal the eager loop
 generator: the static path's logits differ from the eager ones by float rounding, and the fused round
 draws by inverse CDF (sampling.sample_from_uniform) where the loop of model calls uses torch.multinomial.
 
-Out of scope: batch size > 1 (rows would accept different numbers of tokens), repetition / presence /
+Out of scope here: batch size > 1 (rows would accept different numbers of tokens; batched.py runs B rows
+greedily in lockstep, each round accepting the fewest any row accepted), repetition / presence /
 frequency penalties (their distribution depends on the tokens before each position), tree
 verification (several drafts per round), and self-speculation (early-exit drafting). Prompt lookup
 runs on models only: its proposals vary in length every round, so each length would need its own graph.
