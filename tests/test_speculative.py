@@ -539,6 +539,46 @@ def test_fused_round_runs_the_rounds(tiny_pair, monkeypatch, temperature):
 
 
 @pytest.mark.skipif(not compile_available(), reason="torch.compile needs a C++ compiler on the CPU")
+def test_fused_prefill_runs_the_warmed_buckets_only(tiny_pair, monkeypatch):
+    """warmup_speculative(prompt_lengths=...) compiles both models' prefill as one graph per bucket of
+    PREFILL_BUCKET tokens; a prompt of that bucket (any length in it: the rest is padding) runs it, another is
+    prefilled eagerly, and greedy tokens are the target's either way, sampled ones fixed by the seed."""
+    from helpers import speculative
+
+    target, _ = tiny_pair
+    fast_t, fast_d = _fast_pair(tiny_pair, compile=True)
+    bucket = speculative.PREFILL_BUCKET
+    warmup_speculative(fast_t, fast_d, 3, prompt_lengths=(bucket + 2,))
+    warmup_speculative(fast_t, fast_d, 1, temperature=1.0)
+    calls = []
+    real_call = speculative.FusedPrefill.__call__
+    monkeypatch.setattr(
+        speculative.FusedPrefill,
+        "__call__",
+        lambda self, prompt: calls.append((self.tokens, prompt.shape[1])) or real_call(self, prompt),
+    )
+    g = torch.Generator().manual_seed(0)
+    for length in (bucket + 2, bucket + 9, 2 * bucket + 1, bucket + 1, 3):  # the last two: other buckets
+        prompt = torch.randint(0, 5, (1, length), generator=g)
+        calls.clear()
+        out, _ = speculative_generate(fast_t, fast_d, prompt, 20, gamma=3)
+        assert torch.equal(out, generate(target, prompt, 20)), length
+        used = bucket + 2 <= length <= 2 * bucket + 1  # prefills of bucket + 1 .. 2 bucket
+        assert calls == ([(2 * bucket, length - 1)] if used else []), length
+        sampled = [
+            speculative_generate(
+                fast_t, fast_d, prompt, 20, temperature=1.0, generator=torch.Generator().manual_seed(1)
+            )[0]
+            for _ in range(2)
+        ]
+        assert torch.equal(*sampled)
+    with pytest.raises(ValueError, match="prompt_lengths"):
+        warmup_speculative(fast_t, fast_d, 3, prompt_lengths=(0,))
+    with pytest.raises(ValueError, match="tokens must be an int"):
+        speculative.prefill_bucket(0)
+
+
+@pytest.mark.skipif(not compile_available(), reason="torch.compile needs a C++ compiler on the CPU")
 def test_last_rounds_without_room_call_the_models(tiny_pair, monkeypatch):
     """Caches sized to prompt + max_new_tokens exactly leave no room for a full round near the end: those
     rounds propose fewer tokens, one model call at a time, and the tokens are still the target's."""

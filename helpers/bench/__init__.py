@@ -6,7 +6,8 @@
 
 Modules: runner.py (the command: flags, the order of the groups, the printed table and the JSON), rows.py
 (Row, the result every group returns), one module per group of rows (decode.py, compiled.py, quantized.py,
-speculative.py, llama_cpp.py; chapter 13's rows are helpers/serving/bench.py), report.py (the figures).
+speculative.py, speculative_batched.py, llama_cpp.py; chapter 13's rows are helpers/serving/bench.py),
+report.py (the figures).
 """
 
 from .rows import Row, ratios

@@ -15,7 +15,8 @@ against position, with and without the KV cache) and bench_results.json into .ca
 (LLM_COURSE_FIGURES=figures to refresh the committed ones). BENCHMARKS.md holds the last full run.
 
 Speculative decoding is timed twice: the eager loop against plain eager decoding, and the loop on
-compiled draft and verify steps (FastGenerators) against plain compiled decoding.
+compiled draft and verify steps (FastGenerators) against plain compiled decoding; and batched (B = 1, 8, 32,
+rows accepting in lockstep) against plain batched decoding of the same B prompts.
 
 Rows for chapter 07: what each lever of the compiled step buys (inductor's C++ wrapper, the buffer sized
 to the generation, prefill's share of the time), the compiled step against its roofline ceiling, bf16
@@ -164,6 +165,10 @@ def main(argv=None):
         done("precision")
     if "speculative" in groups:
         rows += rows_speculative(model, draft, tok, n_spec, 2 if quick else 3, tick)
+        # the gain from batch 1 to 32: batched speculation (rows in lockstep) vs plain batched decoding
+        from .speculative_batched import rows_speculative_batched  # also a command of its own: not imported above
+
+        rows += rows_speculative_batched(model, draft, tok, n_spec, 2 if quick else 3, tick)
         if fast is not None:  # the same prompts, compiled draft and verify steps against the compiled plain loop
             rows += rows_speculative_compiled(model, draft, tok, n_spec, 2 if quick else 3, fast, tick)
             if tuned is not None:  # the same rounds on autotuned generators, against the autotuned plain step

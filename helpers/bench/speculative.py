@@ -15,9 +15,14 @@ def row_against_plain(name, baseline, candidate, tb, tc, n_prompts, n_new, targe
     """A row of speculative decoding against plain decoding from their interleaved times (tb, tc: one per
     generation of n_new tokens, n_prompts per repeat): one ratio per repeat, of its prompts' total times, and
     each side's throughput in tokens/s."""
-    pairs = [sum(tb[i : i + n_prompts]) / sum(tc[i : i + n_prompts]) for i in range(0, len(tb), n_prompts)]
     tok_s = [f"{n_new * len(t) / sum(t):.0f} tok/s" for t in (tb, tc)]
+    pairs = repeat_ratios(tb, tc, n_prompts)
     return Row(name, baseline, candidate, pairs, *tok_s, target=target, same_output=same_output, **fields)
+
+
+def repeat_ratios(tb, tc, n_prompts) -> list[float]:
+    """One ratio per repeat: its n_prompts baseline times over its candidate times."""
+    return [sum(tb[i : i + n_prompts]) / sum(tc[i : i + n_prompts]) for i in range(0, len(tb), n_prompts)]
 
 
 def rows_speculative(target, draft, tok, n_new: int, repeats: int, progress) -> list[Row]:
@@ -116,16 +121,21 @@ def rows_speculative_compiled(
     gammas), and for each row the most the measured costs allow: tokens per target call / (v + gamma * c),
     the cost model of chapter 12 with no loop overhead, the same with a verify pass as cheap as one
     step (v = 1); for the rows with each round one graph, that graph's own cost R in target steps, tokens per
-    target call / R, and (gamma + 1) / R, the most any draft of this cost could give even if every proposal
-    were accepted. Costs are timed warm, in blocks of calls. The draft's generator autotunes its GEMM when
-    `fast` does (so then does each round); `label` is added to the row names, and fused_only keeps the rows
-    with each round one graph."""
+    target call / R (the bound the row is judged against: the measured speed-up over it is printed), and
+    (gamma + 1) / R, the most any draft of this cost could give even if every proposal were accepted; and
+    what the same costs allow once each generation's prefill is counted (plain: its eager prefill; speculative:
+    both models' prefill as one compiled graph, speculative.prefill): (P_plain + n_new - 1) / (P_spec +
+    rounds * R), prefills in steps. Costs are timed warm, in blocks of calls. The draft's generator autotunes
+    its GEMM when `fast` does (so then does each round); `label` is added to the row names, and fused_only
+    keeps the rows with each round one graph."""
     from ..data import validation_documents
     from ..fast_decode import FastGenerator, guards_checked_once
+    from ..generate import prefill
     from ..speculative import (
         DEFAULT_COMPILED_GAMMA,
         DEFAULT_COMPILED_SAMPLED_GAMMA,
         SpeculativeStats,
+        fused_prefill,
         fused_round_call,
         fused_rounds,
         speculative_generate,
@@ -137,9 +147,10 @@ def rows_speculative_compiled(
     docs = validation_documents()
     prompts = [tok.encode(docs[i][:400], bos=True)[:64] for i in (3, 11, 19)]  # three held-out files
     fast_draft = FastGenerator(draft, max_seq_len=fast.cache.max_seq_len, gemm_autotune=fast.gemm_autotune)
-    # before any timing: compiling is not decoding
-    warmup_speculative(fast, fast_draft, gamma)
-    warmup_speculative(fast, fast_draft, sampled_gamma, temperature=1.0)
+    # before any timing: compiling is not decoding (both models' prefill too: one graph for the prompts' bucket)
+    lengths = sorted({len(p) for p in prompts})
+    warmup_speculative(fast, fast_draft, gamma, prompt_lengths=lengths)
+    warmup_speculative(fast, fast_draft, sampled_gamma, temperature=1.0, prompt_lengths=lengths)
     rounds = {
         0.0: fused_rounds(fast, fast_draft, gamma, sampled=False),
         1.0: fused_rounds(fast, fast_draft, sampled_gamma, sampled=True),
@@ -175,13 +186,29 @@ def rows_speculative_compiled(
             verify_times[g] = time_interleaved([step(g + 1), step(1)], target.device, **warm)
         # and what a draft proposal costs next to a target step: gamma of them per round
         td, t1 = time_interleaved([lambda: fast_draft.forward(tokens[1], positions[1]), step(1)], target.device, **warm)
-        # and a whole round as one graph (gamma draft steps inside it, then the verify pass), where it compiled
-        round_costs = {}
-        for temperature, g in ((0.0, gamma), (1.0, sampled_gamma)):
-            run = fused_round_call(fast, fast_draft, g, T0, sampled=temperature > 0)
-            if run is not None:
-                tr, ts = time_interleaved([run, step(1)], target.device, **warm)
-                round_costs[temperature] = median(tr) / median(ts)
+        # a whole round as one graph (gamma draft steps inside it, then the verify pass), where it compiled, is
+        # timed in the rows' own time window (below): on a shared machine a cost timed minutes apart from the
+        # generations it bounds can be off by more than the gap being measured
+        round_calls = {
+            t: fused_round_call(fast, fast_draft, g, T0, sampled=t > 0) for t, g in ((0.0, gamma), (1.0, sampled_gamma))
+        }
+        # each generation's prefill, in target steps: plain compiled decoding's (eager, FastGenerator.generate's)
+        # and the speculative one's (both models, one compiled graph where it compiled, else each eagerly)
+        prompt0 = torch.tensor([prompts[0]], device=target.device)  # (1, T0)
+        both = fused_prefill(fast, fast_draft, T0)
+
+        def eager_prefill(gen, ids):
+            return lambda: prefill(gen.decode_model, ids, gen.cache)
+
+        spec_prefill = (
+            (lambda: both(prompt0[:, :-1]))
+            if both is not None
+            else lambda: (eager_prefill(fast, prompt0[:, :-1])(), eager_prefill(fast_draft, prompt0[:, :-1])())
+        )
+        tp, tq, ts = time_interleaved(
+            [eager_prefill(fast, prompt0), spec_prefill, step(1)], target.device, repeats=2 * repeats, warmup=2, block=3
+        )
+        p_plain, p_spec = median(tp) / median(ts), median(tq) / median(ts)
     v = {g: median(tv) / median(t) for g, (tv, t) in verify_times.items()}
     c = median(td) / median(t1)
 
@@ -195,7 +222,7 @@ def rows_speculative_compiled(
     if fused_only:
         variants = [v for v in variants if v[3]]
     for name, temperature, g, fuse, target_ratio in variants:
-        tb, tc, same = [], [], True
+        tb, tc, same, round_times, step_times = [], [], True, [], []
         plain = partial(fast.generate, max_new_tokens=n_new, temperature=temperature)
         spec = partial(
             speculative_generate,
@@ -216,18 +243,33 @@ def rows_speculative_compiled(
                 stats[name] = stats.get(name, SpeculativeStats()).merge(st)
                 if temperature == 0:
                     same &= torch.equal(out_b, out_c)
+            run = round_calls[temperature] if fuse else None
+            if run is not None:  # after each repeat's generations, long blocks of rounds against target steps
+                # (40 calls each, as the loops call them: run in turns of 5, the step after a turn of rounds read
+                # as 2.0 steps per round where turns of 40 read 2.2-2.5, the loops' own 2.5, on two autotuned
+                # generators, whose round holds its own packed copy of the weights)
+                with torch.no_grad(), guards_checked_once():
+                    tr, ts = time_interleaved([run, step(1)], target.device, repeats=2, warmup=1, block=40)
+                round_times += tr
+                step_times += ts
         progress()
         st = stats[name]
         e = st.tokens_per_target_call
         model_bound, free_verify = e / (v[g] + g * c), e / (1 + g * c)
-        R = round_costs.get(temperature) if fuse else None  # the round graph, in target steps
-        # what the round graph allows, and with every proposal accepted: what no draft of this cost can beat
+        R = median(round_times) / median(step_times) if round_times else None  # the round graph, in target steps
+        # what the round graph allows, and with every proposal accepted: what no draft of this cost can beat;
+        # and what it allows once both generations' prefills are counted (rounds per generation as measured)
         round_bound, all_accepted = (e / R, (g + 1) / R) if R else (None, None)
+        measured = median(repeat_ratios(tb, tc, len(prompts)))
+        with_prefill = ((p_plain + n_new - 1) / (p_spec + st.target_calls / len(tc) * R)) if R else None
         note = (
             f"gamma {g}, alpha {st.acceptance_rate:.2f}, {e:.2f} tokens/target call, v {v[g]:.2f}; the costs "
             f"allow {model_bound:.2f}x, {free_verify:.2f}x with v = 1"
             + (
-                f"; a round graph costs {R:.2f} steps: {round_bound:.2f}x, {all_accepted:.2f}x accepting every proposal"
+                f"; a round graph costs {R:.2f} steps: bound {round_bound:.2f}x, measured {measured:.2f}x = "
+                f"{measured / round_bound:.2f} of it; {all_accepted:.2f}x accepting every proposal; with the "
+                f"prefills (plain {p_plain:.1f} steps, speculative {p_spec:.1f}{'' if both else ' eager'}) "
+                f"{with_prefill:.2f}x"
                 if R
                 else ""
             )
@@ -256,6 +298,10 @@ def rows_speculative_compiled(
                     "bound_with_free_verify": free_verify,
                     "round_graph_steps": R,
                     "round_graph_bound": round_bound,
+                    "measured_over_round_graph_bound": measured / round_bound if R else None,
+                    "prefill_steps_plain": p_plain,
+                    "prefill_steps_speculative": p_spec,
+                    "round_graph_bound_with_prefills": with_prefill,
                     "bound_accepting_every_proposal": all_accepted,
                 },
             )

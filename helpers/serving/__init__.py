@@ -12,6 +12,7 @@ an OpenAI-compatible HTTP server over it (chapter 14).
     params.py        each parameter of Engine() and submit() checked: InvalidParameter names it
     engine.py        submit / step / cancel / metrics: the API a server is built on
     workload.py      synthetic workloads replayed through sequential, static and continuous serving
+    goodput.py       one workload at rising load through four designs: TTFT, TPOT, goodput, the knee
     bench.py         python -m helpers.serving.bench: the chapter's targets, measured
     chat_template.py messages -> one prompt (the minimal template the chat endpoint uses)
     openai_api.py    OpenAI's request bodies (validated), response objects and error shape

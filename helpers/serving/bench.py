@@ -19,8 +19,9 @@ Rows (each a ratio measured in this run, next to the course's target):
   batch invariance: the same 64 requests alone and all at once (32 running), outputs that differ, outside
       and inside Engine(batch_invariant=True) (target 0 in the mode), and the mode's tokens/s against the
       default's on the busy run, runs interleaved (target >= 0.85x, i.e. at most 15% slower);
-  goodput (requests/s meeting a TTFT and a TPOT target) of continuous batching + chunked prefill against
-      sequential generate, best over rising Poisson rates (target 4x).
+  goodput (requests/s meeting a TTFT and a TPOT target) of static batching, continuous batching and
+      continuous batching + chunked prefill against sequential generate, best over rising Poisson rates
+      (target 4x for the last), with each design's knee (goodput.py).
 
 `serving_rows(model, tok, quick)` returns the rows as dicts with helpers.bench.Row's fields, so the
 course bench can add them: `rows += [Row(**d) for d in serving_rows(model, tok, quick)]`.
@@ -38,6 +39,7 @@ import numpy as np
 import torch
 
 from .engine import Engine
+from .goodput import LOAD_FACTORS, TPOT_TARGET_TPOTS, TTFT_TARGET_SERVICES, goodput_sweep, sequential_service
 from .step_profile import paged_step_seconds
 from .workload import RunResult, make_workload, run_engine, run_sequential
 
@@ -296,34 +298,42 @@ def rows_chunked_prefill(model, tok, quick: bool) -> list[dict]:
 
 
 def rows_goodput(model, tok, quick: bool) -> list[dict]:
-    """Goodput at rising Poisson load: sequential generate against continuous batching with chunked prefill.
-    Targets, stated relative to this machine's batch-1 decode step s (so they mean the same on any CPU):
-    TTFT <= 100 s, TPOT <= 5 s. The row reports the best goodput each design reaches over the rates."""
-    from ..measure.timing import decode_step_seconds
-
-    step = decode_step_seconds(model)
-    ttft_target, tpot_target = 100 * step, 5 * step
+    """Goodput at rising Poisson load (goodput.py): static batching, continuous batching, and continuous
+    batching with chunked prefill, each against sequential generate, same workload, rates and targets
+    (in units of sequential generate's measured seconds per request and TPOT, so they ask the same of
+    any CPU). Each row reports the best goodput each design reaches over the rates, and its knee."""
     n = 16 if quick else 48
-    rates = (4.0, 16.0) if quick else (2.0, 4.0, 8.0, 16.0, 32.0)
-    best = {"sequential": 0.0, "continuous": 0.0}
-    for rate in rates:
-        wl = make_workload(tok, n, rate=rate, prompt_len=(16, 128), output_len=(16, 64), seed=5)
-        seq = run_sequential(model, wl)
-        cont = run_engine(Engine(model, num_blocks=1024, max_num_seqs=32, max_num_batched_tokens=64), wl, "cont")
-        best["sequential"] = max(best["sequential"], seq.goodput(ttft_target, tpot_target))
-        best["continuous"] = max(best["continuous"], cont.goodput(ttft_target, tpot_target))
+    wl = make_workload(tok, n, rate=1.0, prompt_len=(16, 128), output_len=(16, 64), seed=5)
+    service, tpot = sequential_service(model, wl)
+    unit = 1 / service
+    factors = LOAD_FACTORS if quick else (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+    sweep = goodput_sweep(
+        model, wl, [f * unit for f in factors], TTFT_TARGET_SERVICES * service, TPOT_TARGET_TPOTS * tpot
+    )
+
+    def knee(design):
+        k = sweep.knee(design)
+        return "none" if k is None else f"{k / unit:g}x"
+
+    base = sweep.best("sequential")
+    stated = (
+        f"TTFT <= {1e3 * sweep.ttft_target:.0f} ms, TPOT <= {1e3 * sweep.tpot_target:.1f} ms "
+        f"({TTFT_TARGET_SERVICES} sequential services, {TPOT_TARGET_TPOTS} sequential TPOTs); best over load "
+        f"{', '.join(f'{f:g}' for f in factors)} x {unit:.1f} req/s; knee (>= 90% meet both) "
+        f"sequential {knee('sequential')}"
+    )
     return [
         _row(
-            f"goodput, continuous + chunked prefill vs sequential ({n} req, Poisson)",
+            f"goodput, {design} vs sequential ({n} req, Poisson)",
             "sequential",
-            "continuous",
-            best["continuous"] / max(best["sequential"], 1e-9),
-            f"{best['sequential']:.2f} req/s",
-            f"{best['continuous']:.2f} req/s",
-            4.0,
-            note=f"TTFT <= {1e3 * ttft_target:.0f} ms, TPOT <= {1e3 * tpot_target:.1f} ms "
-            f"(100 and 5 batch-1 steps); best over rates {', '.join(f'{r:g}' for r in rates)} req/s",
+            design,
+            sweep.best(design) / max(base, 1e-9),
+            f"{base:.2f} req/s",
+            f"{sweep.best(design):.2f} req/s",
+            4.0 if design == "continuous + chunked prefill" else None,
+            note=f"{stated}, {design} {knee(design)}",
         )
+        for design in list(sweep.runs)[1:]
     ]
 
 

@@ -77,11 +77,14 @@ def percentile(values, q: float) -> float:
 
 
 def percentile_of(samples: str, q: float) -> property:
-    """A read-only property: the q-th percentile of the list the property `samples` returns (nan if empty)."""
-    return property(
-        lambda self: percentile(getattr(self, samples), q),
-        doc=f"The {q}th percentile of {samples}, in seconds (nan when there are none).",
-    )
+    """A read-only property: the q-th percentile of the list the property or method `samples` returns (nan if
+    empty)."""
+
+    def value(self):
+        got = getattr(self, samples)
+        return percentile(got() if callable(got) else got, q)  # tpots is a method, the others properties
+
+    return property(value, doc=f"The {q}th percentile of {samples}, in seconds (nan when there are none).")
 
 
 @dataclass
@@ -122,11 +125,16 @@ class RunResult:
         """Each request's mean time per output token after its first: (last - first) / (n - 1)."""
         return [(t[-1] - t[0]) / (len(t) - 1) if len(t) > 1 else 0.0 for t in self.token_times if t]
 
+    tpot_p50 = percentile_of("tpots", 50)
+    tpot_p99 = percentile_of("tpots", 99)
+
+    def num_met(self, ttft_target: float, tpot_target: float) -> int:
+        """Requests that met both targets (seconds): TTFT <= ttft_target and TPOT <= tpot_target."""
+        return sum(1 for ttft, tpot in zip(self.ttfts, self.tpots()) if ttft <= ttft_target and tpot <= tpot_target)
+
     def goodput(self, ttft_target: float, tpot_target: float) -> float:
-        """Requests per second that met both targets (seconds): TTFT <= ttft_target and TPOT <= tpot_target,
-        over the run's makespan (DistServe's goodput)."""
-        met = sum(1 for ttft, tpot in zip(self.ttfts, self.tpots()) if ttft <= ttft_target and tpot <= tpot_target)
-        return met / self.makespan
+        """Requests per second that met both targets, over the run's makespan (DistServe's goodput)."""
+        return self.num_met(ttft_target, tpot_target) / self.makespan
 
     def row(self) -> str:
         """One line: throughput, then TTFT and inter-token latency as p50 / p99 in milliseconds."""
@@ -163,7 +171,7 @@ def run_sequential(
     model, workload: list[WorkloadRequest], name: str = "sequential generate", progress=None
 ) -> RunResult:
     """Each request alone with helpers.generate, in arrival order; token times recorded by a stop criterion
-    that never stops (it is called right after each new token)."""
+    that never stops (it is called right after each new token but the last, which is timed at return)."""
     clock, outputs, times = 0.0, [None] * len(workload), [None] * len(workload)
     for i in sorted(range(len(workload)), key=lambda i: workload[i].arrival):
         w = workload[i]
@@ -171,8 +179,10 @@ def run_sequential(
         stamps: list[float] = []
         t0 = time.perf_counter()
         out = generate(model, w.prompt, w.max_tokens, stop_criteria=[_stamper(stamps)])
-        clock = start + time.perf_counter() - t0
+        end = time.perf_counter()
+        clock = start + end - t0
         outputs[i] = out[0, len(w.prompt) :].tolist()
+        stamps += [end] * (len(outputs[i]) - len(stamps))  # the last token: generate asks no criterion after it
         times[i] = [start + s - t0 for s in stamps]
         if progress is not None:
             progress.update(w.max_tokens)

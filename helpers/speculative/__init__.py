@@ -46,24 +46,31 @@ in a tensor, attention over the whole buffer with a mask), and truncate only mov
 slots past it are overwritten before any query attends to them. A round then uses three shapes, each
 one compiled graph (`warmup_speculative`): the target's (gamma + 1)-token verify pass and the draft's
 1-token step and 2-token catch-up (after a fully accepted round the draft has not seen its last
-proposal). The prefill and a last round cut short by max_new_tokens run the same static path eagerly,
-so a generation never compiles in its middle; greedy output still equals `generate`'s token for token.
+proposal). A last round cut short by max_new_tokens runs the same static path eagerly, so a generation
+never compiles in its middle; greedy output still equals `generate`'s token for token.
 A round goes further: draft proposals, verify pass and acceptance are one compiled graph (`FusedRounds`,
-the fifth graph), so Python sees a round once instead of gamma + 1 times; at temperature > 0 the graph
-draws its tokens from uniforms drawn on the host (a compiled graph takes no torch.Generator).
+the fifth graph), so Python sees a round once instead of gamma + 1 times; the graph also reads the
+committed ids from the loop's id buffer and writes the accepted ones back, so the host only reads how many
+were accepted. At temperature > 0 the graph draws its tokens from uniforms drawn on the host (a compiled
+graph takes no torch.Generator). The prompt's prefill runs both models eagerly, or, for the prompt lengths
+named in `warmup_speculative(..., prompt_lengths=...)`, as one more compiled graph (`FusedPrefill`, one per
+16-token bucket of prompt lengths: prefill.py).
 Sampled tokens keep the target's distribution, but need not equal the eager loop's for the same
 generator: the static path's logits differ from the eager ones by float rounding, and the fused round
 draws by inverse CDF (sampling.sample_from_uniform) where the loop of model calls uses torch.multinomial.
 
-Out of scope: batch size > 1 (rows would accept different numbers of tokens), repetition / presence /
+Out of scope here: batch size > 1 (rows would accept different numbers of tokens; batched.py runs B rows
+greedily in lockstep, each round accepting the fewest any row accepted), repetition / presence /
 frequency penalties (their distribution depends on the tokens before each position), tree
 verification (several drafts per round), and self-speculation (early-exit drafting). Prompt lookup
 runs on models only: its proposals vary in length every round, so each length would need its own graph.
-The compiled path compiles neither the prefill nor the short last round (both eager static).
+The compiled path does not compile the short last round, nor the prefill of a prompt whose bucket was not
+warmed up (both eager static).
 
 Modules: rule.py (the acceptance rule, SpeculativeStats), loop.py (the rounds, one model call at a time,
-on eager or static steppers), compiled.py (a round as one compiled graph, and the warm-up), lookup.py
-(prompt lookup), exactness.py (total variation, chi-square test). Every public name is importable from here.
+on eager or static steppers), compiled.py (a round as one compiled graph, and the warm-up), prefill.py
+(both models' prefill as one compiled graph), lookup.py (prompt lookup), exactness.py (total variation,
+chi-square test). Every public name is importable from here.
 """
 
 from __future__ import annotations
@@ -96,6 +103,7 @@ from .loop import (
     check_common,
     speculative_loop,
 )
+from .prefill import PREFILL_BUCKET, FusedPrefill, fused_prefill, prefill_bucket
 from .rule import (
     SpeculativeStats,
     accept_or_resample,
@@ -113,6 +121,8 @@ __all__ = [
     "DEFAULT_LOOKUP_GAMMA",
     "DEFAULT_MAX_NGRAM",
     "DEFAULT_MIN_NGRAM",
+    "PREFILL_BUCKET",
+    "FusedPrefill",
     "FusedRounds",
     "NgramIndex",
     "SpeculativeStats",
@@ -121,10 +131,12 @@ __all__ = [
     "acceptance_probability",
     "chi_square_test",
     "expected_tokens_per_target_call",
+    "fused_prefill",
     "fused_round_call",
     "fused_rounds",
     "fuses_rounds",
     "greedy_accept",
+    "prefill_bucket",
     "prompt_lookup_generate",
     "speculative_generate",
     "speculative_token_counts",
@@ -204,7 +216,8 @@ def speculative_generate(
     # uses (fast_decode.guards_checked_once)
     later = guards_checked_once if target.compiled else None
     fused = fused_rounds(target, draft, gamma, not sampling.greedy) if fuse_rounds and fuses_rounds(sampling) else None
+    prefill = fused_prefill(target, draft, T) if fuse_rounds else None  # compiled by warmup_speculative only
     with torch.no_grad():
         return speculative_loop(
-            StaticSteps(target, counts["target"]), StaticSteps(draft, counts["draft"]), run, later, fused
+            StaticSteps(target, counts["target"]), StaticSteps(draft, counts["draft"]), run, later, fused, prefill
         )

@@ -16,6 +16,7 @@ import torch
 from ..fast_decode import FastGenerator, compile_options, warm_compiled
 from ..sampling import SamplingConfig, apply_temperature, sample_from_uniform
 from .loop import DEFAULT_COMPILED_GAMMA
+from .prefill import fused_prefill
 from .rule import acceptance, check_gamma, check_sampling, greedy_accept
 
 
@@ -23,7 +24,10 @@ class FusedRounds:
     """A whole round on two compiled FastGenerators as ONE compiled graph: the draft's gamma proposals (each
     drawn inside the graph and fed straight into the next draft step), the target's verify pass over
     gamma + 1 positions, and the acceptance rule. Python sees the round once: one call, one device -> host
-    read of (accepted, next token, logits usable, proposals).
+    read of (accepted, next token, logits usable, proposals). The graph also does the round's bookkeeping:
+    it reads the committed ids at n - 2, n - 1 from its own id buffer (`ids`, which the loop uses as its
+    buffer), writes the accepted proposals and the next token there and advances the committed length n,
+    an input it keeps between rounds, so the host copies nothing in or out per round.
 
     Greedy (sampled=False): each proposal is the draft's argmax, acceptance is greedy_accept. Sampled: both
     models' distributions are softmax(logits / temperature), as sampling.probabilities computes them (the
@@ -47,11 +51,16 @@ class FusedRounds:
     def __init__(self, target: FastGenerator, draft: FastGenerator, gamma: int, sampled: bool = False):
         self.target, self.draft, self.gamma, self.sampled = target, draft, gamma, sampled
         device = target.model.device
-        self._last2 = torch.zeros(1, 2, dtype=torch.long, device=device)  # (1, 2): ids at n-2, n-1
-        self._n = torch.zeros(1, dtype=torch.long, device=device)  # (1,): the committed length
+        # the loop's id buffer lives here (run_rounds takes its first columns as IdBuffer's), so that the graph
+        # reads the two committed ids at n-2, n-1 and writes the accepted proposals and the next token itself:
+        # the host copies nothing per round. Room for any generation these caches hold, plus a round's writes.
+        self.ids = torch.zeros(1, target.cache.max_seq_len + gamma + 1, dtype=torch.long, device=device)  # (1, L)
+        self._n = torch.zeros(1, dtype=torch.long, device=device)  # (1,): the committed length, advanced in the graph
+        self._n_value = -1  # what self._n holds, as an int (-1: unknown, set it before the next round)
         self._arange = torch.arange(gamma + 1, device=device)  # (gamma + 1,)
         self._u = torch.full((2 * gamma + 1,), 0.5, device=device)  # (2 gamma + 1,) a sampled round's uniforms
         self._temperature = torch.ones((), device=device)  # a sampled round's temperature, a 0-d input
+        self._temperature_value = 1.0
         # the round multiplies as the generators' own steps do: when both run inductor's autotuned GEMM
         # (opt-in, on frozen weights) so does the round, or its products would be the library's, slower
         # than the plain step it is compared with; otherwise the weights stay inputs (library products;
@@ -68,6 +77,16 @@ class FusedRounds:
         self.compile_seconds = 0.0
 
     # compiled, undecorated (see FastGenerator._static_step); called under no_grad
+    def _last2(self, ids, n):  # (1, 2): the committed ids at positions n-2, n-1
+        return ids[:, n - 2 + self._arange[:2]]
+
+    def _commit(self, ids, n, n_accepted, nxt, proposed):
+        """Write the accepted proposals and the next token at n .. n + n_accepted (what lies past them is
+        not committed: the next round overwrites it) and advance n by n_accepted + 1, in the graph."""
+        j = self._arange  # (gamma + 1,)
+        ids[0, n + j] = torch.where(j < n_accepted, torch.cat([proposed, proposed[-1:]]), nxt)  # (gamma + 1,)
+        n.add_(n_accepted + 1)
+
     def _draft_logits(self, last2, n, i, previous):  # the draft's logits (V,) for position n + i
         d = self.draft
         if i == 0:  # ids at n-2, n-1
@@ -79,7 +98,8 @@ class FusedRounds:
         verify = torch.cat([last2[0, 1:], proposed]).view(1, g + 1)  # (1, gamma + 1)
         return t.decode_model(verify, cache=t.cache, input_pos=n - 1 + self._arange, check=False)[0]
 
-    def _greedy_round(self, last2, n):  # last2 (1, 2) ids at positions n-2, n-1; n (1,)
+    def _greedy_round(self, ids, n):  # ids (1, L) the id buffer, n (1,) the committed length
+        last2 = self._last2(ids, n)  # (1, 2)
         proposals, finite = [], torch.ones((), dtype=torch.bool, device=last2.device)  # gamma x (1,)
         for i in range(self.gamma):
             logits = self._draft_logits(last2, n, i, proposals[-1] if proposals else None)  # (V,)
@@ -89,10 +109,12 @@ class FusedRounds:
         t_logits = self._verify_logits(last2, proposed, n)  # (gamma + 1, V)
         finite &= torch.isfinite(t_logits.amax(-1)).all()
         n_accepted, nxt = greedy_accept(t_logits.argmax(-1), proposed)
+        self._commit(ids, n, n_accepted, nxt, proposed)
         return torch.cat([n_accepted.view(1), nxt.view(1), finite.long().view(1), proposed])  # (3 + gamma,)
 
-    def _sampled_round(self, last2, n, u, temperature):  # ... and u (2 gamma + 1,), temperature 0-d
+    def _sampled_round(self, ids, n, u, temperature):  # ... and u (2 gamma + 1,), temperature 0-d
         g = self.gamma
+        last2 = self._last2(ids, n)  # (1, 2)
         proposals, p_draft, finite = [], [], torch.ones((), dtype=torch.bool, device=last2.device)
         for i in range(g):
             logits = self._draft_logits(last2, n, i, proposals[-1] if proposals else None)  # (V,)
@@ -105,21 +127,27 @@ class FusedRounds:
         p_target = apply_temperature(t_logits.float(), temperature).softmax(-1)  # (gamma + 1, V)
         n_accepted, residual = acceptance(p_target, torch.stack(p_draft), proposed, u[g : 2 * g])
         nxt = sample_from_uniform(residual, u[2 * g])
+        self._commit(ids, n, n_accepted, nxt, proposed)
         return torch.cat([n_accepted.view(1), nxt.view(1), finite.long().view(1), proposed])  # (3 + gamma,)
 
     def _inputs(self):
-        return (self._last2, self._n, self._u, self._temperature) if self.sampled else (self._last2, self._n)
+        return (self.ids, self._n, self._u, self._temperature) if self.sampled else (self.ids, self._n)
 
     @torch.no_grad()  # the grad mode of the loop that calls it
     def warmup(self) -> Exception | None:
         """Compile now (if not yet) at n = 2, leaving both caches as they were; returns the error, if any."""
         if self.compiled:
             return None
-        self._last2.zero_()
-        self._n.fill_(2)
+        self.ids.zero_()
+
+        def at_two(*inputs):  # the graph advances n: start both warm-up calls at n = 2
+            self._n.fill_(2)
+            return self._fn(*inputs)
+
         error, seconds, _ = warm_compiled(
-            self._fn, self._inputs(), [self.target.cache, self.draft.cache], self.gamma + 2, self.freeze
+            at_two, self._inputs(), [self.target.cache, self.draft.cache], self.gamma + 2, self.freeze
         )
+        self._n_value = -1
         self.compile_seconds += seconds
         self.compiled = error is None
         return error
@@ -128,22 +156,31 @@ class FusedRounds:
         self, ids: torch.Tensor, n: int, sampling: SamplingConfig, generator: torch.Generator | None = None
     ) -> tuple[int, int, list[int]]:
         """One round after the n committed ids in ids (1, S) (n >= 2): writes the accepted proposals and the
-        next token into ids[0, n:n + accepted + 1]; returns (accepted, next token, the proposals)."""
-        self._last2.copy_(ids[:, n - 2 : n])
-        self._n.fill_(n)
+        next token into ids[0, n:n + accepted + 1]; returns (accepted, next token, the proposals).
+        The round reads and writes `self.ids`: pass its first columns (run_rounds does) and nothing is copied;
+        any other ids tensor is copied in and the round's writes copied back."""
+        own = ids.data_ptr() == self.ids.data_ptr() and ids.stride(-1) == 1
+        if not own:
+            self.ids[:, :n].copy_(ids[:, :n])
+        if n != self._n_value:  # after a round of model calls (or a first call): the graph advances it itself
+            self._n.fill_(n)
         if self.sampled:
-            self._temperature.fill_(sampling.temperature)
+            if sampling.temperature != self._temperature_value:
+                self._temperature.fill_(sampling.temperature)
+                self._temperature_value = sampling.temperature
             torch.rand(self._u.shape, generator=generator, device=self._u.device, out=self._u)
         out = self._fn(*self._inputs())  # (3 + gamma,)
         k, nxt, finite, *proposed = out.tolist()  # the round's one device -> host read
         if not finite:
+            self._n_value = -1
             raise ValueError(
                 "the draft's or the target's logits hold NaN or +inf, or a row of nothing but -inf "
                 "(allowed: finite values, with -inf for masked tokens); NaN logits usually mean "
                 "the model overflowed"
             )
-        ids[0, n : n + self.gamma] = out[3:]
-        ids[0, n + k] = nxt  # overwrites the first rejected proposal, if any
+        self._n_value = n + k + 1
+        if not own:
+            ids[:, n : n + k + 1] = self.ids[:, n : n + k + 1]
         return k, nxt, proposed
 
 
@@ -204,8 +241,8 @@ def fused_round_call(
 
     @torch.no_grad()  # the grad mode the round was compiled under
     def run():
-        rounds._last2.zero_()
         rounds._n.fill_(position)
+        rounds._n_value = -1
         return rounds._fn(*rounds._inputs())
 
     return run
@@ -224,19 +261,30 @@ def warmup_speculative(
     *,
     temperature: float = 0.0,
     sampling: SamplingConfig | None = None,
+    prompt_lengths=(),
 ) -> float:
     """Compile every graph speculative_generate(fast_target, fast_draft, ..., gamma=gamma) uses with these
     sampling settings (the same arguments): each model's steps for the loop of model calls, and the
-    round as one graph (FusedRounds, greedy or sampled) where fuses_rounds(sampling). Returns the seconds
-    the generators' warm-ups took so far plus the compile seconds of this pair's rounds at this gamma (time
-    it apart from the generation; a difference of two calls with different gammas is not a warm-up time)."""
+    round as one graph (FusedRounds, greedy or sampled) where fuses_rounds(sampling); with prompt_lengths,
+    also both models' prefill as one graph for each of those prompt lengths' buckets (speculative.prefill;
+    a prompt of another bucket is prefilled eagerly). Returns the seconds the generators' warm-ups took so
+    far plus the compile seconds of this pair's rounds at this gamma and of its prefills (time it apart
+    from the generation; a difference of two calls with different gammas is not a warm-up time)."""
     check_gamma(gamma)
     sampling = check_sampling(sampling, temperature)
+    lengths = tuple(prompt_lengths)
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in lengths):
+        raise ValueError(f"prompt_lengths must hold ints >= 1; got {prompt_lengths!r}")
     counts = speculative_token_counts(gamma)
     seconds = fast_target.warmup(counts["target"]) + fast_draft.warmup(counts["draft"])
     if fuses_rounds(sampling):
         fused_rounds(fast_target, fast_draft, gamma, sampled=not sampling.greedy)  # compiles on first use
+    prefills = {fused_prefill(fast_target, fast_draft, n, compile=True) for n in lengths} - {None}
     rounds = _FUSED_ROUNDS.get(fast_target, {})
-    return seconds + sum(
-        r.compile_seconds for (d, g, _), r in rounds.items() if d == id(fast_draft) and g == gamma and r is not None
+    return (
+        seconds
+        + sum(
+            r.compile_seconds for (d, g, _), r in rounds.items() if d == id(fast_draft) and g == gamma and r is not None
+        )
+        + sum(p.compile_seconds for p in prefills)
     )

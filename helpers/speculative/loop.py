@@ -126,9 +126,14 @@ class StaticSteps:
 class IdBuffer:
     """Committed ids (and the current round's proposals after them) in one preallocated (1, S) tensor."""
 
-    def __init__(self, prompt: torch.Tensor, max_new_tokens: int, gamma: int):
+    def __init__(self, prompt: torch.Tensor, max_new_tokens: int, gamma: int, storage: torch.Tensor | None = None):
+        """storage: a longer (1, L) tensor whose first columns to use (a compiled round's own buffer)."""
         T = prompt.shape[1]
-        self.ids = torch.empty(1, T + max_new_tokens + gamma + 1, dtype=torch.long, device=prompt.device)
+        size = T + max_new_tokens + gamma + 1
+        if storage is not None and storage.shape[1] >= size:
+            self.ids = storage[:, :size]
+        else:
+            self.ids = torch.empty(1, size, dtype=torch.long, device=prompt.device)
         self.ids[:, :T] = prompt
         self.n = T  # committed length
 
@@ -168,27 +173,34 @@ class RunSettings:
     trace: bool = False
 
 
-def speculative_loop(target, draft, run: RunSettings, later_rounds=None, fused=None):
+def speculative_loop(target, draft, run: RunSettings, later_rounds=None, fused=None, prefill=None):
     """The rounds, on two steppers (EagerSteps or StaticSteps): logits(tokens) at positions
     length..length+T-1, and truncate(n). later_rounds: a context manager factory entered after the
     first round (the static path's guard skipping). fused: a FusedRounds for the steppers' generators and
-    this kind of sampling, which then runs every full-length round with n >= 2."""
+    this kind of sampling, which then runs every full-length round with n >= 2. prefill: a function that
+    writes both models' K/V for prompt[:, :-1] (a compiled prefill: speculative.prefill), or None: each
+    stepper prefills by its logits()."""
     with contextlib.ExitStack() as stack:
         after_first = (lambda: stack.enter_context(later_rounds())) if later_rounds else None
-        return run_rounds(target, draft, run, after_first, fused)
+        return run_rounds(target, draft, run, after_first, fused, prefill)
 
 
-def run_rounds(target, draft, run: RunSettings, after_first, fused=None):
+def run_rounds(target, draft, run: RunSettings, after_first, fused=None, prefill=None):
     prompt, max_new_tokens, gamma, eos_id, trace = run.prompt, run.max_new_tokens, run.gamma, run.eos_id, run.trace
     sampling, generator = run.sampling, run.generator
     T = prompt.shape[1]
     stats = SpeculativeStats(trace=[] if trace else None)
     if max_new_tokens == 0:
         return prompt.clone(), stats
-    buf = IdBuffer(prompt, max_new_tokens, gamma)
+    buf = IdBuffer(prompt, max_new_tokens, gamma, None if fused is None else fused.ids)
     if T > 1:  # prefill everything but the last prompt token: the first round feeds it
-        target.logits(prompt[:, :-1], last_only=True)
-        draft.logits(prompt[:, :-1], last_only=True)
+        if prefill is not None:
+            prefill(prompt[:, :-1])
+            target.commit(T - 1)
+            draft.commit(T - 1)
+        else:
+            target.logits(prompt[:, :-1], last_only=True)
+            draft.logits(prompt[:, :-1], last_only=True)
     ids = buf.ids
     end = T + max_new_tokens
     V = target.model.cfg.vocab_size
@@ -204,21 +216,21 @@ def run_rounds(target, draft, run: RunSettings, after_first, fused=None):
             # 128 tokens, one thread on an AMD Zen 5 VM)
             g = gamma
             k, nxt, proposed = fused(ids, n, sampling, generator)
-            target.commit(n + g)
-            draft.commit(n + g - 1)
             if trace:
                 stats.trace.append((proposed, k, nxt))
+            # 5. (as below) the round fed the target n-1 .. n+g-1 and the draft n-2 .. n+g-2
+            target.length, draft.length = n + k, min(n + k, n + g - 1)
         else:
             k = round_of_calls(target, draft, ids, n, g, sampling, generator, p_draft, stats, trace)
+            # 5. roll back: the target has seen everything but the new last token; the draft never saw
+            # the last proposal, so after a full acceptance it lags by one more (fed next round)
+            target.truncate(n + k)
+            draft.truncate(min(n + k, draft.length))
         stats.draft_calls += g
         stats.target_calls += 1
         stats.proposed.append(g)
         stats.accepted.append(k)
         buf.n = n + k + 1
-        # 5. roll back: the target has seen everything but the new last token; the draft never saw
-        # the last proposal, so after a full acceptance it lags by one more (fed next round)
-        target.truncate(n + k)
-        draft.truncate(min(n + k, draft.length))
         if eos_id is not None and eos_id in ids[0, n : n + k + 1].tolist():
             break
         if after_first is not None and stats.rounds == 1:
