@@ -12,12 +12,13 @@ each a few microseconds of Python and dispatch, around little arithmetic. Two th
     fast = FastGenerator(model, max_seq_len=320)  # compiles on first use (10-60 s on a CPU, cached on disk)
     ids = fast.generate(prompt, max_new_tokens=256)
 
-Size max_seq_len to the longest generation you need: every step attends over the whole buffer (masked),
-so a buffer of the full 1,024-token window makes each step of the course model about 1.8x slower on a
-CPU than one of 288 positions (3.07 vs 1.67 ms/token measured, one thread).
+Size max_seq_len to the longest generation you need: every step attends over the whole buffer (masked);
+a 1,024-token buffer made the course model's step 1.8x slower than one of 288 (CPU, one thread).
 
 `fast.generate` is helpers.generate's own loop (stop conditions, logits processors, sampling; not the
-penalties) with the compiled step as its `step`; only the prompt's prefill runs eagerly.
+penalties) with the compiled step as its `step`; only the prompt's prefill runs eagerly. Plain greedy
+generation (no stop condition, processor or progress bar) feeds the argmax the step's graph returns back
+in as the next token: the course model 1.19-1.32x faster than through that loop (BENCHMARKS.md).
 Tokens are the same as `generate`'s (the tests check greedy equality); logits agree to float rounding,
 since compiled kernels add in a different order. If compilation is impossible (no C++ compiler, an
 unsupported platform) it warns once and runs the same static step eagerly.
@@ -114,11 +115,12 @@ from .compiling import (  # noqa: F401 (re-exported: chapters, tests and scripts
     warm_compiled,
 )
 from .generate import generate as generate_loop
-from .generate import prepare_generation
+from .generate import prefill, prepare_generation
 from .kv_cache import KVCache
 from .model import Attention
 from .options import keyword_options
 from .row_sums import RowSumLinear
+from .sampling import check_logits
 from .stopping import stop_checker
 
 GEMVS = ("sums", "library")  # how a compiled batch-1 step multiplies one row by a projection (see the docstring)
@@ -326,16 +328,19 @@ class FastGenerator:
         """One decode step (compiled if it could be): token (B, 1) at position input_pos (1,) -> logits (B, V).
         Writes that position's K/V into this generator's cache; the caller tracks positions."""
         self.warmup()
-        logits = self._step(token, input_pos)
+        logits = self._step(token, input_pos)[0]
         if self.model.device.type == "cuda" and self._want_compile:
             logits = logits.clone()  # a CUDA-graph output is overwritten by the next replay
         return logits
 
-    # What torch.compile wraps: undecorated, because a no_grad-decorated function compiles as torch's one
-    # shared wrapper, whose code object then holds every generator's graphs under one recompile limit (8).
-    # Every caller (step, forward, generate, warmup) runs under no_grad, the grad mode of the graphs.
+    # What torch.compile wraps: undecorated, as a no_grad-decorated function compiles as torch's one shared
+    # wrapper, whose code object holds every generator's graphs under one recompile limit; callers use no_grad.
+    # the step also returns, fused into its graph, what greedy decoding needs: the argmax (the next token)
+    # and whether every row's maximum is finite (helpers.sampling.check_logits's first test)
     def _static_step(self, token, input_pos):
-        return self.decode_model(token, cache=self.cache, input_pos=input_pos, check=False)[:, -1, :]  # (B, V)
+        logits = self.decode_model(token, cache=self.cache, input_pos=input_pos, check=False)[:, -1, :]  # (B, V)
+        finite = torch.isfinite(logits.amax(dim=-1)).all()  # () bool
+        return logits, logits.argmax(dim=-1, keepdim=True), finite  # (B, V), (B, 1), ()
 
     def _static_forward(self, tokens, input_pos):
         return self.decode_model(tokens, cache=self.cache, input_pos=input_pos, check=False)  # (B, T, V)
@@ -440,11 +445,35 @@ class FastGenerator:
                 f"prompt ({T}) + max_new_tokens ({max_new_tokens}) exceeds this generator's "
                 f"max_seq_len={self.cache.max_seq_len}"
             )
-        stop_checker(B, o.eos_id, o.stop_sequences, o.stop_criteria)  # bad stop settings fail before the compile
+        stop = stop_checker(B, o.eos_id, o.stop_sequences, o.stop_criteria)  # bad settings fail before the compile
         self.warmup()  # only now: compiling is the slowest part, and bad input should not wait for it
+        if sampling.greedy and stop is None and not o.logits_processors and not o.progress and max_new_tokens:
+            return self._generate_greedy(prompt, max_new_tokens)
         with contextlib.ExitStack() as later_steps:
             loop_options = {**vars(o), "sampling": sampling, "cache": self.cache, "step": self._loop_step(later_steps)}
             return generate_loop(self.decode_model, prompt, max_new_tokens, **loop_options)
+
+    def _generate_greedy(self, prompt: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        """generate's loop for plain greedy decoding (no stop condition, processor or progress bar): each
+        step's in-graph argmax is the next step's token, gathered once at the end; one host read a step
+        (the finite-logits flag: bad logits raise as in generate's loop). The same tokens."""
+        T = prompt.shape[1]
+        logits = prefill(self.decode_model, prompt, self.cache)  # (B, V), eager, as in generate's loop
+        check_logits(logits)
+        tokens = [prompt, logits.argmax(dim=-1, keepdim=True)]  # (B, T), then (B, 1) per new token
+        pos = torch.zeros(1, dtype=torch.long, device=self.model.device)  # (1,)
+        copy_out = self.model.device.type == "cuda" and self._want_compile  # CUDA graphs reuse their outputs
+        with contextlib.ExitStack() as later_steps:
+            for n in range(1, max_new_tokens):
+                pos.fill_(T + n - 1)
+                logits, token, finite = self._step(tokens[-1], pos)  # (B, V), (B, 1), ()
+                if not finite:
+                    check_logits(logits)  # raises, naming what is wrong
+                tokens.append(token.clone() if copy_out else token)
+                if n == 1 and self._want_compile:
+                    later_steps.enter_context(guards_checked_once())  # see _loop_step
+        self.cache.commit(T + max_new_tokens - 1)  # as generate's loop leaves it: the last token is not fed back
+        return torch.cat(tokens, dim=1)  # (B, T + max_new_tokens)
 
     def _loop_step(self, later_steps: contextlib.ExitStack):
         """helpers.generate's step(model, token, cache) -> logits, over this generator's static step: the
@@ -456,7 +485,7 @@ class FastGenerator:
         def step(model, token, cache):
             nonlocal first
             pos.fill_(cache.length)
-            logits = self._step(token, pos)  # (B, V)
+            logits = self._step(token, pos)[0]  # (B, V)
             if copy_out:
                 logits = logits.clone()  # a CUDA-graph output is overwritten by the next replay
             cache.commit(cache.length + 1)  # the step wrote one more position
