@@ -219,7 +219,8 @@ def run_rounds(target, draft, run: RunSettings, after_first, fused=None, prefill
             if trace:
                 stats.trace.append((proposed, k, nxt))
             # 5. (as below) the round fed the target n-1 .. n+g-1 and the draft n-2 .. n+g-2
-            target.length, draft.length = n + k, min(n + k, n + g - 1)
+            target.commit(n + k)
+            draft.commit(min(n + k, n + g - 1))
         else:
             k = round_of_calls(target, draft, ids, n, g, sampling, generator, p_draft, stats, trace)
             # 5. roll back: the target has seen everything but the new last token; the draft never saw
