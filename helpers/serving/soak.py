@@ -226,6 +226,12 @@ class References:
         return "rounding flip" if flip else "changed"
 
 
+def settled(worker, engine) -> bool:
+    """Nothing running or pending, every KV block back in the pool, no request left in the engine."""
+    m = worker.metrics()
+    return not (m["running"] or m["pending"]) and m["kv_blocks_free"] == m["kv_blocks_total"] and not engine.requests
+
+
 def run_soak(model, tok, n_requests=500, concurrency=16, seed=0, server_cancels=2, warmup=64, progress=True) -> dict:
     """Serve `model` in this process, send the mix, check everything; returns the report (see `table`).
     Memory is compared with what it was after `warmup` requests of the same mix (every path taken once)."""
@@ -252,8 +258,10 @@ def run_soak(model, tok, n_requests=500, concurrency=16, seed=0, server_cancels=
         t0 = time.perf_counter()
         outcomes = run_async(_drive(base, mix, concurrency, random.Random(seed + 2), server_cancels, worker, progress))
         wall = time.perf_counter() - t0
+        # the engine thread frees a finished or hung-up request's blocks a step after its client saw the end:
+        # wait (10 s at most) until it has, so a leak is what stays, not what is still on its way back
         deadline = time.monotonic() + 10
-        while (worker.metrics()["running"] or worker.metrics()["pending"]) and time.monotonic() < deadline:
+        while not settled(worker, app.state.engine) and time.monotonic() < deadline:
             time.sleep(0.05)
         books = worker.metrics()
         left_in_engine = len(app.state.engine.requests)
