@@ -123,8 +123,9 @@ def test_chat_endpoint_uses_the_template(client):
     assert "\n### " not in reply.choices[0].message.content  # it stops before the next turn's header
 
 
-def test_disconnect_mid_stream_cancels_and_frees_blocks(server):
-    body = {
+def long_stream_body() -> dict:
+    """A greedy stream of 900 tokens that ignores end-of-text: long enough to be cut off or queued behind."""
+    return {
         "model": MODEL,
         "prompt": "def main():",
         "max_tokens": 900,
@@ -132,6 +133,10 @@ def test_disconnect_mid_stream_cancels_and_frees_blocks(server):
         "stream": True,
         "extensions": {"ignore_eos": True},
     }
+
+
+def test_disconnect_mid_stream_cancels_and_frees_blocks(server):
+    body = long_stream_body()
     with httpx.Client(timeout=30) as http:
         with http.stream("POST", server.base_url + "/completions", json=body) as r:
             lines = r.iter_lines()
@@ -256,14 +261,7 @@ def test_malformed_json_huge_bodies_and_huge_prompts_are_refused_quickly(server,
 
 
 def test_a_full_queue_answers_429_at_once():
-    body = {
-        "model": MODEL,
-        "prompt": "def main():",
-        "max_tokens": 900,
-        "temperature": 0,
-        "stream": True,
-        "extensions": {"ignore_eos": True},
-    }
+    body = long_stream_body()
     with ServerProcess(max_pending=1, num_blocks=128) as small, httpx.Client(timeout=30) as http:
         url = small.base_url + "/completions"
         with http.stream("POST", url, json=body) as r:
