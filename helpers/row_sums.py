@@ -95,8 +95,9 @@ class RowSumLinear(nn.Module):
             return F.linear(x, self.weight)
         lead = x.shape[:-1]
         rows = materialized(x).reshape(M, K)  # (M, K): computed once, not once per output row
-        R = row_split(N) if M == 1 else 1
+        if M > 1:  # one sum per row, one loop over W for all of them: M accumulators, no blocks needed
+            return torch.stack([(rows[m] * self.weight).sum(-1) for m in range(M)]).reshape(*lead, N)  # (M, N)
+        R = row_split(N)
         n = N // R
-        W = [self.weight[r * n : (r + 1) * n] for r in range(R)]  # R x (n, K)
-        out = [torch.cat([(rows[m] * w).sum(-1) for w in W]) for m in range(M)]  # M x (N,)
-        return torch.stack(out).reshape(*lead, N)
+        blocks = [(rows * self.weight[r * n : (r + 1) * n]).sum(-1) for r in range(R)]  # R x (n,)
+        return torch.cat(blocks).reshape(*lead, N)
