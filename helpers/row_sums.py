@@ -16,9 +16,9 @@ A few rows (a speculative verify pass of 2-8 tokens, a short prefill) take the s
 y[m] = (x[m] * W).sum(-1) for each of the M rows, M sums of one loop shape, which inductor runs as ONE loop
 over W with M accumulators (the generated code loads each vector of W once and multiplies it into all M
 rows), so W is streamed once for all M rows, where the library's few-row kernels were slow for these
-shapes: the course model's compiled 4-token verify pass cost 1.48-1.54 one-token steps instead of
-2.58-2.93, the 2-token one 1.23-1.29 instead of 2.35-3.07 (one thread, interleaved, 2-core AMD Zen 5 VM
-shared with other jobs). A whole T-token forward through the library's kernels took 2.0-2.2x as long at
+shapes: the course model's compiled 4-token verify pass cost 1.28-1.54 one-token steps instead of
+2.47-2.93, the 2-token one 1.08-1.29 instead of 2.35-3.07 (two runs, one thread, interleaved, 2-core AMD
+Zen 5 VM shared with other jobs). A whole T-token forward through the library's kernels took 2.0-2.2x as long at
 T = 6, 1.7x at 8, 1.3x at 12 and 1.06-1.09x at 16; above MAX_SUM_ROWS (8) the layer calls F.linear, as
 the gain shrinks while the generated code (and its cold compile) grows with M: the M sums of every
 product are unrolled, M x 25 of them in the course model's graph. The cold compile this adds, same VM
