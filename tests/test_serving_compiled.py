@@ -4,8 +4,9 @@ The same decode batch (blocks scattered over the pool) runs through model_runner
 compiled graph: the logits agree within float32 rounding (the compiled graph's matmuls are inductor's own
 GEMMs, which add in another order: measured differences 2e-5 to 4e-5 on the course model; the bound is
 test_serving.py's 1e-3), the greedy tokens are the same, each new key and value lands in its slot (and
-nowhere else), and the cache commits the same lengths. Engines given compile_step=True are checked against
-generate in test_serving.py (with the count of compiled steps). Compiling costs tens of seconds per process.
+nowhere else), and the cache commits the same lengths; in both modes (the library's matmuls, and autotuned
+ones: compiled afresh in every process, tens of seconds on a small CPU). Engines given compile_step=True are
+checked against generate in test_serving.py (with the count of compiled steps).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import pytest
 import torch
 
 from helpers import load_model
-from helpers.serving.compiled_step import compiled_step_for, forget
+from helpers.serving import Engine
+from helpers.serving.compiled_step import MODES, compiled_step_for, forget
 from helpers.serving.model_runner import SequenceChunk, forward_step
 from helpers.serving.step_profile import scattered_decode_batch
 
@@ -22,9 +24,13 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
 @pytest.fixture(scope="module")
-def model_and_step():
-    model, _ = load_model("target")
-    step = compiled_step_for(model)
+def model():
+    return load_model("target")[0]
+
+
+@pytest.fixture(scope="module", params=MODES)
+def model_and_step(model, request):
+    step = compiled_step_for(model, request.param)
     step.warmup(16)
     assert step.error is None, f"the compiled step did not compile: {step.error!r}"
     return model, step
@@ -68,9 +74,10 @@ def test_which_steps_run_compiled(model_and_step):
     assert not step.applies([decode[0], SequenceChunk([5], 0, [2], False)], "in_place", None)  # a prompt piece
 
 
-def test_forget_recompiles_with_the_new_weights(model_and_step):
-    model, step = model_and_step
-    assert compiled_step_for(model) is step  # one per model: every engine on it shares the graph
+def test_forget_recompiles_with_the_new_weights(model):
+    step = compiled_step_for(model)
+    step.warmup(16)
+    assert compiled_step_for(model) is step  # one per model and mode: every engine on it shares the graph
     cache, chunks = scattered_decode_batch(model, 3, 20)
     saved = {k: v.clone() for k, v in model.state_dict().items()}
     try:
@@ -78,7 +85,7 @@ def test_forget_recompiles_with_the_new_weights(model_and_step):
             model.head.weight.mul_(2.0)  # the graph holds the old weights: forget it, compile afresh
         forget(model)
         fresh = compiled_step_for(model)
-        assert fresh is not step
+        assert fresh is not step and fresh.mode == step.mode
         k0 = cache.k.clone()
         eager = forward_step(model, cache, chunks, "in_place")
         cache.k.copy_(k0)
@@ -86,3 +93,9 @@ def test_forget_recompiles_with_the_new_weights(model_and_step):
     finally:
         model.load_state_dict(saved)
         forget(model)
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, None])
+def test_engine_names_a_bad_compile_step(model, bad):
+    with pytest.raises(ValueError, match="compile_step"):
+        Engine(model, num_blocks=8, compile_step=bad)

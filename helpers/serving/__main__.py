@@ -75,7 +75,7 @@ def main(argv=None) -> None:
         max_num_seqs=args.max_num_seqs,
         max_pending=args.max_pending,
         enable_prefix_caching=not args.no_prefix_caching,
-        compile_step=not args.no_compile_step and args.device == "cpu",
+        compile_step="autotune" if not args.no_compile_step and args.device == "cpu" else False,
     )
     # open streams get 2 s to finish when the server is told to stop; then it stops anyway
     server = uvicorn.Server(

@@ -5,38 +5,44 @@ Most serving steps are the same shape of work: every running request decodes one
 cache writes, 25 matmuls), each paying its dispatch, around matmuls of a few rows. Here that step is traced
 once by torch.compile into one graph:
 
-    step = compiled_step_for(model)           # one per model and process; compiles on first use
-    step.warmup(block_size=16)                # compile now, on a scratch pool (cold: tens of seconds)
+    step = compiled_step_for(model, "autotune")  # one per model, mode and process
+    step.warmup(block_size=16)                   # compile now, on a scratch pool
     if step.applies(chunks, "in_place", None):
-        logits = step(cache, chunks)          # (N, V); the pool written, each sequence committed
-    step.calls                                # steps it ran (tests check that it is used)
+        logits = step(cache, chunks)             # (N, V); the pool written, each sequence committed
+    step.calls                                   # steps it ran (tests check that it is used)
 
 - the C paged-decode kernel (paged_attention.py) is a torch custom op, `llm_course::paged_decode`, with a
   fake implementation that only gives the output's shape, so it sits in the graph as one opaque call. The
-  op first writes the step's new keys and values into the pool (index_copy_, declared as a mutation of the
-  pool, which inductor then does in place, no copy of the pool);
-- the weights are frozen into the graph and every matmul is autotuned: inductor times its own generated C++
-  GEMM (its CPU GEMM template) against the library's call for each product and keeps the faster
-  (compiling.compile_options(gemm_autotune=True), as FastGenerator's opt-in does). Compiled without it
-  the step ran no faster than eagerly (its matmuls are the library's either way, and the dispatch saved
-  was paid back in the compiled wrapper's own overhead); with it, faster at every batch size tried;
+  op first writes the step's new keys and values into the pool (index_copy_; the schema declares the pool
+  mutated, and inductor then runs the op on the pool in place, no copy of it);
+- the weights are frozen into the graph and inductor drives its kernels from generated C++ (cpp_wrapper),
+  as FastGenerator does; the matmuls are the library's (mode "library") or, in mode "autotune", whichever
+  of inductor's generated C++ GEMM and the library's packed call its autotuner timed faster for each
+  product (compiling.compile_options);
 - the batch dimension N is dynamic (torch._dynamo.mark_dynamic): one graph serves every batch of 2 or
   more rows. A batch of 1 runs eagerly (torch would specialise a size of 1 into a second graph, a second
   compile for the rarest step of a batching workload). Nothing is padded, so no slot of the pool is
   written that belongs to nobody. Block tables are padded to a fixed width (max_seq_len / block_size)
-  and the pool's number of slots is dynamic too, so engines with other pool sizes reuse the graph.
+  and the pool's number of slots is dynamic too, so engines with other pool sizes reuse the graph;
+- after a block size's first call, later calls skip dynamo's guard checks (compiling.guards_checked_once):
+  every input is built here, always with the same dtypes, ranks and grad mode.
 
-Compile cost: the autotuned, frozen graph cannot go through inductor's on-disk graph cache (the packed
-weights do not pickle, compiling.py), so every new process lowers it again (tens of seconds on a small
-CPU); within a process every engine on the same model reuses it. That is why `Engine(compile_step=...)`
-is off by default (tests, notebooks) and on in the serving bench and the server CLI.
-The weights are fixed when the step compiles: after changing a model's weights, call forget(model).
+Where it pays: the eager step spends a roughly fixed time outside its matmuls and attention whatever the
+batch, so compiling helps most at small batches; at 32 rows the step is mostly matmuls, which compiling
+does not make faster (bench.py and chapter 13 measure both on the machine at hand).
+
+Compile cost: mode "library" goes through inductor's on-disk graph cache (a new process loads it in a few
+seconds); mode "autotune" cannot (its packed weights do not pickle, compiling.py), so every new process
+compiles it again (tens of seconds on a small CPU). Within a process every engine on the model reuses
+the graph. Hence `Engine(compile_step=...)` is off by default (tests and notebooks), "autotune" in the
+serving bench and the server CLI. The weights are fixed when the step compiles: after changing a model's
+weights, call forget(model).
 
 `applies` says when the compiled step runs: two or more chunks, each one token that is sampled from
-(not a one-token piece of a prompt), the in-place attention
-(a float32 model on the CPU, the kernel built), outside the batch-invariant mode. Every other step
-(prefill chunks, the gather path, other dtypes or devices, the invariant mode's row tiles) runs
-model_runner.forward_step, and so does every step where compiling failed (`error` keeps why).
+(not a one-token piece of a prompt), the in-place attention (a float32 model on the CPU, the kernel
+built), outside the batch-invariant mode. Every other step (prefill chunks, the gather path, other dtypes
+or devices, the invariant mode's row tiles) runs model_runner.forward_step, and so does every step where
+compiling failed (`error` keeps why).
 
 Left out: prefill chunks in the graph (their attention is one SDPA per chunk with its own causal mask),
 CUDA graphs and GPU kernels, and the batch-invariant mode (its row tiles are the point of that mode).
@@ -44,42 +50,45 @@ CUDA graphs and GPU kernels, and the batch-invariant mode (its row tiles are the
 
 from __future__ import annotations
 
+import contextlib
 import time
 import types
 import weakref
 
 import torch
 
-from ..compiling import compile_options, use_course_compile_cache
+from ..compiling import compile_options, guards_checked_once, use_course_compile_cache
 from ..model import apply_rope
-from .paged_attention import PagedDecoder
+from .paged_attention import paged_decode_layer
 from .paged_cache import PagedKVCache
 
+# Registered with torch.library's low-level API rather than the custom_op decorator, whose wrapper cost
+# more per call (six calls a step). The schema's (a!) and (b!) declare the pools as mutated.
+_library = torch.library.Library("llm_course", "FRAGMENT")
+_library.define(
+    "paged_decode(Tensor q, Tensor k_new, Tensor v_new, Tensor(a!) k_pool, Tensor(b!) v_pool, Tensor slots, "
+    "Tensor tables, Tensor lengths, int layer, int block_size) -> Tensor"
+)
 
-@torch.library.custom_op("llm_course::paged_decode", mutates_args=("k_pool", "v_pool"))
-def paged_decode_op(
-    q: torch.Tensor,
-    k_new: torch.Tensor,
-    v_new: torch.Tensor,
-    k_pool: torch.Tensor,
-    v_pool: torch.Tensor,
-    slots: torch.Tensor,
-    tables: torch.Tensor,
-    lengths: torch.Tensor,
-    layer: int,
-    block_size: int,
-) -> torch.Tensor:
+
+def paged_decode_impl(q, k_new, v_new, k_pool, v_pool, slots, tables, lengths, layer: int, block_size: int):
     """Write k_new, v_new (N, Hkv, D) at `slots` (N,) of layer `layer`'s pool, then attend q (N, H, D) over
     each request's blocks in place (the C kernel). k_pool, v_pool (L, slots, Hkv, D); tables (N, W) and
-    lengths (N,) int64. Returns (N, H, D)."""
+    lengths (N,) int64, built by CompiledDecodeStep. Returns (N, H, D)."""
     k_pool[layer].index_copy_(0, slots, k_new)
     v_pool[layer].index_copy_(0, slots, v_new)
-    return PagedDecoder(tables, lengths, block_size, k_pool, v_pool)(layer, q.contiguous())
+    return paged_decode_layer(q.contiguous(), k_pool, v_pool, tables, lengths, layer, block_size)
 
 
-@paged_decode_op.register_fake
+_library.impl("paged_decode", paged_decode_impl, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("llm_course::paged_decode")
 def _(q, k_new, v_new, k_pool, v_pool, slots, tables, lengths, layer, block_size):
     return torch.empty_like(q, memory_format=torch.contiguous_format)  # (N, H, D)
+
+
+paged_decode_op = torch.ops.llm_course.paged_decode
 
 
 def decode_logits(model, tokens, pos, slots, tables, k_pool, v_pool, block_size: int) -> torch.Tensor:
@@ -102,32 +111,41 @@ def decode_logits(model, tokens, pos, slots, tables, k_pool, v_pool, block_size:
     return model.head(model.norm(x))  # (N, V)
 
 
+MODES = ("library", "autotune")  # the matmuls: the library's (graph cached on disk), or autotuned (not cached)
+
+
 class CompiledDecodeStep:
     """The all-decode step through torch.compile for one model (see the module docstring)."""
 
-    def __init__(self, model):
+    def __init__(self, model, mode: str = "library"):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
         use_course_compile_cache()
-        self.model = model
+        self.model, self.mode = model, mode
         # a copy of decode_logits with its own code object: dynamo keeps graphs per code object, so this
         # instance's graphs (with this model's weights frozen in) are its own, and forget() really forgets them
         own = types.FunctionType(decode_logits.__code__.replace(), decode_logits.__globals__, "decode_logits")
         self.fn = torch.compile(
-            own, **{**compile_options(None, cpp_wrapper=False, freeze=True, gemm_autotune=True), "dynamic": None}
+            own,
+            **{
+                **compile_options(None, cpp_wrapper=True, freeze=True, gemm_autotune=mode == "autotune"),
+                "dynamic": None,
+            },
         )
         self.calls = 0  # steps run through the graph
+        self.block_sizes: set[int] = set()  # block sizes whose graph has run once with its guards checked
         self.error: Exception | None = None  # why compiling failed, if it did: every step then runs eagerly
         self.compile_seconds: float | None = None  # the warm-up's compile, if warmup() ran
+        self.float32_cpu = model.device.type == "cpu" and all(p.dtype == torch.float32 for p in model.parameters())
 
     def applies(self, chunks, decode_attention: str, row_widths) -> bool:
         """Whether this step runs compiled (see the module docstring)."""
-        m = self.model
         return (
             self.error is None
             and len(chunks) >= 2
             and decode_attention == "in_place"
             and row_widths is None
-            and m.device.type == "cpu"
-            and all(p.dtype == torch.float32 for p in m.parameters())
+            and self.float32_cpu
             and all(len(c.token_ids) == 1 and c.want_logits for c in chunks)
         )
 
@@ -167,9 +185,13 @@ class CompiledDecodeStep:
             torch._dynamo.mark_dynamic(t, 0)
         for t in (cache.k, cache.v):
             torch._dynamo.mark_dynamic(t, 1)
-        # dynamo reads inductor's freezing flag while tracing: set around the call, as compiling.warm_compiled does
-        with torch.no_grad(), torch._inductor.config.patch(freezing=True):
+        # dynamo reads inductor's freezing flag while tracing: set around the call, as compiling.warm_compiled does.
+        # Once a block size has run with its guards checked, later calls skip them (compiling.guards_checked_once):
+        # every input is built here, always of the same dtypes, ranks and grad mode.
+        skip = guards_checked_once() if bs in self.block_sizes else contextlib.nullcontext()
+        with torch.no_grad(), torch._inductor.config.patch(freezing=True), skip:
             logits = self.fn(self.model, tokens, pos, slot_t, table_t, cache.k, cache.v, bs)  # (N, V)
+        self.block_sizes.add(bs)
         for c in chunks:
             if c.seq_id is not None:
                 cache.commit(c.seq_id, c.start_pos + 1)
@@ -177,16 +199,17 @@ class CompiledDecodeStep:
         return logits
 
 
-_steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {mode: CompiledDecodeStep}
 
 
-def compiled_step_for(model) -> CompiledDecodeStep:
-    """The model's CompiledDecodeStep, made on first request: every engine on the model shares its graph."""
-    if model not in _steps:
-        _steps[model] = CompiledDecodeStep(model)
-    return _steps[model]
+def compiled_step_for(model, mode: str = "library") -> CompiledDecodeStep:
+    """The model's CompiledDecodeStep in this mode, made on first request: every engine on the model shares it."""
+    steps = _steps.setdefault(model, {})
+    if mode not in steps:
+        steps[mode] = CompiledDecodeStep(model, mode)
+    return steps[mode]
 
 
 def forget(model) -> None:
-    """Drop the model's compiled step (after changing its weights: the graph holds the old ones)."""
+    """Drop the model's compiled steps (after changing its weights: the graphs hold the old ones)."""
     _steps.pop(model, None)

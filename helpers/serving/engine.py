@@ -97,7 +97,7 @@ class Engine:
         step_log: int | None = None,
         decode_attention: str | None = None,
         batch_invariant: bool = False,
-        compile_step: bool = False,
+        compile_step: bool | str = False,
     ):
         """policy: "continuous", or "static" (the baseline, static_scheduler.py). step_log: keep the last
         step_log StepRecords in `steps` (None: every one). decode_attention: "in_place" (blocks read where
@@ -123,10 +123,12 @@ class Engine:
         in this mode (a cached prefix was computed in another request's chunks).
 
         compile_step: True runs every all-decode step of two or more requests through one torch.compile'd
-        graph (compiled_step.py; compiled here, before the first step, and shared by every engine on the
-        model); other steps, and every step where compiling failed, run eagerly. Off by default: each new
-        process pays the compile (tens of seconds on a small CPU); the serving bench and the server CLI
-        turn it on. `compiled_steps` counts the steps it ran."""
+        graph with the library's matmuls (compiled_step.py; compiled here, before the first step, shared by
+        every engine on the model, kept in the on-disk compile cache); "autotune" with inductor's own
+        autotuned matmuls instead (faster at small batches, but compiled afresh in every process, tens of
+        seconds on a small CPU). Other steps, and every step where compiling failed, run eagerly. Off by
+        default (tests and notebooks build engines in many processes); the serving bench and the server CLI
+        use "autotune". `compiled_steps` counts the steps it ran."""
         params.check_kv_pool(model, num_blocks, block_size, max_num_seqs)
         max_num_batched_tokens = params.check_scheduling(
             model.cfg, max_num_seqs, max_num_batched_tokens, enable_prefix_caching, chunked_prefill, policy, step_log
@@ -146,8 +148,12 @@ class Engine:
                 f"decode_attention must be one of {DECODE_ATTENTION} or None; got {decode_attention!r}",
             )
         self.decode_attention = decode_attention
-        params.check_flag("compile_step", compile_step)
-        self.compiled = compiled_step_for(model) if compile_step else None
+        if not (isinstance(compile_step, bool) or compile_step == "autotune"):
+            raise params.InvalidParameter(
+                "compile_step", f"compile_step must be False, True or 'autotune'; got {compile_step!r}"
+            )
+        mode = "autotune" if compile_step == "autotune" else "library"
+        self.compiled = compiled_step_for(model, mode) if compile_step is not False else None
         if self.compiled is not None and self.compiled.compile_seconds is None:
             self.compiled.warmup(block_size)  # compile now: the first step's clock should not pay it
         self.compiled_steps = 0

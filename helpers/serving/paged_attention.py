@@ -198,6 +198,48 @@ class PagedDecoder:
         return out
 
 
+def paged_decode_layer(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    tables: torch.Tensor,
+    lengths: torch.Tensor,
+    layer: int,
+    block_size: int,
+) -> torch.Tensor:
+    """PagedDecoder's per-layer call without its per-step set-up: for a caller that built `tables` (N, W) and
+    `lengths` (N,) itself (contiguous int64, each length >= 1 and covered by its table), as compiled_step.py's
+    custom op does once per layer. Checks only what costs no pass over the data (dtypes, layouts, shapes).
+    q (N, H, D), k, v (L, slots, Hkv, D) contiguous float32 CPU. Returns (N, H, D)."""
+    N, H, D = q.shape
+    Hkv = k.shape[2]
+    for name, t, dtype in (("q", q, torch.float32), ("k", k, torch.float32), ("v", v, torch.float32)):
+        if t.dtype != dtype or t.device.type != "cpu" or not t.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous float32 CPU tensor; got {t.dtype} on {t.device}")
+    for name, t in (("tables", tables), ("lengths", lengths)):
+        if t.dtype != torch.int64 or not t.is_contiguous() or t.shape[0] != N:
+            raise ValueError(f"{name} must be contiguous int64 with {N} rows; got {t.dtype}, {tuple(t.shape)}")
+    if v.shape != k.shape or k.shape[3] != D or H % Hkv or not 0 <= layer < k.shape[0]:
+        raise ValueError(f"q {tuple(q.shape)} and pools {tuple(k.shape)}, {tuple(v.shape)} do not fit layer {layer}")
+    lib = _kernel(D, Hkv, H // Hkv, block_size)
+    if lib is None:
+        raise RuntimeError("paged_decode_layer needs a C compiler (cc, gcc or clang, or $CC): none worked")
+    out = torch.empty_like(q)  # (N, H, D)
+    offset = layer * k.stride(0) * k.element_size()
+    lib.paged_decode(
+        q.data_ptr(),
+        k.data_ptr() + offset,
+        v.data_ptr() + offset,
+        tables.data_ptr(),
+        lengths.data_ptr(),
+        N,
+        tables.shape[1],
+        1.0 / math.sqrt(D),
+        out.data_ptr(),
+    )
+    return out
+
+
 def paged_decode_attention(
     q: torch.Tensor,
     k_pool: torch.Tensor,

@@ -49,7 +49,7 @@ def create_app(
     max_body_bytes: int = 1 << 20,
     enable_prefix_caching: bool = True,
     model_name: str = MODEL_NAME,
-    compile_step: bool = False,
+    compile_step: bool | str = False,
 ) -> FastAPI:
     """The FastAPI app serving `model`; its engine thread starts and stops with the app. compile_step: the
     engine's compiled decode step (Engine's docstring; the command line turns it on)."""

@@ -7,8 +7,8 @@
 blocks scattered over the pool at random (a long-running server's pool looks like that), and times,
 interleaved: the engine's step reading blocks in place, the same step gathering each request's blocks
 into a dense copy first, and the dense `KVCache` batched step of the same shape (model.py's forward, no
-paging at all); with `compiled=True` also the in-place step compiled (compiled_step.py). It also counts
-the calls the in-place step makes to `PagedKVCache.gather` (0 by design).
+paging at all); with `compiled="autotune"` (or "library") also the in-place step compiled
+(compiled_step.py). It also counts the calls the in-place step makes to `PagedKVCache.gather` (0 by design).
 
 `step_breakdown` runs an engine on `batch` requests that all decode at once (prompts cut from `ids`),
 and returns `Engine.step_breakdown()` over the decode steps: scheduler, the step's index tensors,
@@ -49,10 +49,10 @@ def scattered_decode_batch(model, batch: int, context: int, block_size: int = 16
 
 
 def paged_step_seconds(
-    model, batch: int = 32, context: int = 512, block_size: int = 16, repeats: int = 9, compiled: bool = False
+    model, batch: int = 32, context: int = 512, block_size: int = 16, repeats: int = 9, compiled: str | None = None
 ) -> dict:
-    """Median seconds of one decode step: in place, gathered, and the dense KVCache step (and, with compiled,
-    the in-place step through compiled_step.py, its compile not timed); plus the number of
+    """Median seconds of one decode step: in place, gathered, and the dense KVCache step (and, with compiled a
+    mode of compiled_step.py, the in-place step compiled, its compile not timed); plus the number of
     PagedKVCache.gather calls the in-place step made."""
     cache, chunks = scattered_decode_batch(model, batch, context, block_size)
     dense = KVCache.for_model(model, batch_size=batch, max_seq_len=context + 1)
@@ -77,7 +77,7 @@ def paged_step_seconds(
         lambda: model(token, dense, start_pos=context),
     ]
     if compiled:
-        step = compiled_step_for(model)
+        step = compiled_step_for(model, compiled)
         if step.compile_seconds is None:
             step.warmup(block_size)
         steps.append(lambda: step(cache, chunks))
@@ -94,7 +94,7 @@ def step_breakdown(
     prompt_len: int = 256,
     steps: int = 24,
     decode_attention: str | None = None,
-    compile_step: bool = False,
+    compile_step: bool | str = False,
 ) -> dict[str, float]:
     """Mean seconds per decode step by part, for `batch` requests decoding together (prompts of prompt_len
     tokens cut from ids; `steps` decode steps measured after every prompt is in the cache). With compile_step
