@@ -135,6 +135,24 @@ def kernel_available(head_dim: int = 32, kv_heads: int = 2, group: int = 4, bloc
     return _kernel(head_dim, kv_heads, group, block_size) is not None
 
 
+def _launch(lib, q, k, v, tables, lengths, layer: int) -> torch.Tensor:
+    """The kernel's call on checked inputs: q (N, H, D); k, v (L, slots, Hkv, D); tables (N, W); lengths (N,)."""
+    out = torch.empty_like(q)  # (N, H, D)
+    offset = layer * k.stride(0) * k.element_size()  # layer `layer`'s pool starts this many bytes in
+    lib.paged_decode(
+        q.data_ptr(),
+        k.data_ptr() + offset,
+        v.data_ptr() + offset,
+        tables.data_ptr(),
+        lengths.data_ptr(),
+        q.shape[0],
+        tables.shape[1],
+        1.0 / math.sqrt(q.shape[2]),
+        out.data_ptr(),
+    )
+    return out
+
+
 class PagedDecoder:
     """The C kernel set up once per step for N decoding requests, then called once per layer.
 
@@ -164,7 +182,6 @@ class PagedDecoder:
             raise ValueError("every length must be >= 1")
         self.k, self.v, self.block_size = k, v, block_size
         self.Hkv, self.D = k.shape[2], k.shape[3]
-        self.layer_bytes = k.stride(0) * k.element_size()
         self.N, self.W = N, self.tables.shape[1]
         self.lib = None  # built on the first call, when the number of query heads is known
 
@@ -182,20 +199,7 @@ class PagedDecoder:
             self.lib = _kernel(D, self.Hkv, H // self.Hkv, self.block_size)
             if self.lib is None:
                 raise RuntimeError("paged_decode_attention needs a C compiler (cc, gcc or clang, or $CC): none worked")
-        out = torch.empty_like(q)  # (N, H, D)
-        offset = layer * self.layer_bytes
-        self.lib.paged_decode(
-            q.data_ptr(),
-            self.k.data_ptr() + offset,
-            self.v.data_ptr() + offset,
-            self.tables.data_ptr(),
-            self.lengths.data_ptr(),
-            N,
-            self.W,
-            1.0 / math.sqrt(D),
-            out.data_ptr(),
-        )
-        return out
+        return _launch(self.lib, q, self.k, self.v, self.tables, self.lengths, layer)
 
 
 def paged_decode_layer(
@@ -224,20 +228,7 @@ def paged_decode_layer(
     lib = _kernel(D, Hkv, H // Hkv, block_size)
     if lib is None:
         raise RuntimeError("paged_decode_layer needs a C compiler (cc, gcc or clang, or $CC): none worked")
-    out = torch.empty_like(q)  # (N, H, D)
-    offset = layer * k.stride(0) * k.element_size()
-    lib.paged_decode(
-        q.data_ptr(),
-        k.data_ptr() + offset,
-        v.data_ptr() + offset,
-        tables.data_ptr(),
-        lengths.data_ptr(),
-        N,
-        tables.shape[1],
-        1.0 / math.sqrt(D),
-        out.data_ptr(),
-    )
-    return out
+    return _launch(lib, q, k, v, tables, lengths, layer)
 
 
 def paged_decode_attention(
