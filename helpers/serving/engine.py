@@ -154,8 +154,8 @@ class Engine:
             )
         mode = "autotune" if compile_step == "autotune" else "library"
         self.compiled = compiled_step_for(model, mode) if compile_step is not False else None
-        if self.compiled is not None and self.compiled.compile_seconds is None:
-            self.compiled.warmup(block_size)  # compile now: the first step's clock should not pay it
+        if self.compiled is not None and self.compiled.error is None and block_size not in self.compiled.block_sizes:
+            self.compiled.warmup(block_size)  # compile now (once per block size): no step's clock should pay it
         self.compiled_steps = 0
         self.cache = PagedKVCache.for_model(model, num_blocks, block_size)
         self.pool = BlockPool(num_blocks, enable_prefix_caching)
