@@ -93,6 +93,8 @@ CONFIGS = {
     "no chunking": dict(chunked_prefill=False),
     "static batching": dict(policy="static", max_num_seqs=4),
     "gather attention (the dense-copy baseline)": dict(decode_attention="gather"),
+    "compiled step": dict(compile_step=True),
+    "compiled step, tight pool: preemption, block 4": dict(compile_step=True, num_blocks=24, block_size=4),
 }
 
 
@@ -108,6 +110,8 @@ def test_engine_equals_generate_alone(model_and_prompts, name):
     engine, outputs, recorders = run_engine(model, prompts, order, **kw)
     check_against_reference(model, prompts, refs, outputs, recorders)
     m = engine.metrics()
+    if kw.get("compile_step"):  # the compiled graph really ran the all-decode steps (compiled_step.py)
+        assert engine.compiled.error is None and 0 < engine.compiled_steps < engine.num_steps
     if "preemption" in name:
         assert m["preemptions"] > 0 and m["recomputed_tokens"] > 0
         assert sum(s.preempted for s in engine.steps) == m["preemptions"]

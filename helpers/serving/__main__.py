@@ -36,6 +36,11 @@ def main(argv=None) -> None:
         help="requests in flight (running + waiting) before new ones get HTTP 429",
     )
     p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument(
+        "--no-compile-step",
+        action="store_true",
+        help="run every step eagerly (by default all-decode steps run compiled, after a compile at start-up)",
+    )
     p.add_argument("--threads", type=int, default=1, help="torch threads for the engine")
     p.add_argument("--device", default="cpu", help="cpu, cuda or mps")
     p.add_argument("--parent-pid", type=int, default=None, help="exit when this process has gone")
@@ -70,6 +75,7 @@ def main(argv=None) -> None:
         max_num_seqs=args.max_num_seqs,
         max_pending=args.max_pending,
         enable_prefix_caching=not args.no_prefix_caching,
+        compile_step="autotune" if not args.no_compile_step and args.device == "cpu" else False,
     )
     # open streams get 2 s to finish when the server is told to stop; then it stops anyway
     server = uvicorn.Server(

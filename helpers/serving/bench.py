@@ -7,10 +7,13 @@
 Rows (each a ratio measured in this run, next to the course's target):
   paged decode step, batch 32, 512 cached tokens each, blocks scattered at random: blocks read in place
       vs gathered into a dense copy first (target: in place <= 0.7x, i.e. speedup >= 1.43), and vs the
-      dense KVCache batched step of the same shape (target <= 1.1x, speedup >= 0.91); gather calls 0;
-  continuous batching vs sequential generate (target 10x), vs the compiled single-stream FastGenerator
-      run sequentially (target 3x), vs transformers' generate_batch where the installed transformers has
-      it (target 10x, tokens compared), and vs static batching: 64 requests, 32 running at once,
+      dense KVCache batched step of the same shape (target <= 1.1x, speedup >= 0.91); gather calls 0; and
+      the same in-place step compiled (compiled_step.py) vs eager;
+  continuous batching with the engine's compiled step vs the same with its eager step (runs interleaved),
+      then, each row naming the step it ran, continuous batching vs sequential generate (target 10x), vs
+      the compiled single-stream FastGenerator run sequentially (target 3x), vs transformers'
+      generate_batch where the installed transformers has it (target 10x, tokens compared), and vs static
+      batching (the same step): 64 requests, 32 running at once,
       prompts 16-128 tokens, outputs 16-256 tokens (uniform), all arriving at time 0;
   KV memory: share of allocated block slots holding live tokens; requests running at once vs how many
       contiguous max-length (max_seq_len) reservations fit in the same bytes;
@@ -55,8 +58,8 @@ def _row(name, baseline, candidate, ratio, baseline_abs, candidate_abs, target=N
 
 
 def rows_paged_step(model, quick: bool) -> list[dict]:
-    t = paged_step_seconds(model, batch=32, context=512, repeats=5 if quick else 11)
-    ms = {k: f"{1e3 * t[k]:.1f} ms" for k in ("in_place", "gather", "dense")}
+    t = paged_step_seconds(model, batch=32, context=512, repeats=5 if quick else 11, compiled="autotune")
+    ms = {k: f"{1e3 * t[k]:.1f} ms" for k in ("in_place", "gather", "dense", "compiled")}
     calls = f"; gather calls in the in-place step: {t['gather_calls']}"
 
     def in_place_vs(other, label, limit, more=""):  # target: the in-place step at most `limit` x the other
@@ -64,7 +67,16 @@ def rows_paged_step(model, quick: bool) -> list[dict]:
         name = f"paged decode step B=32, 512 cached: in place vs {label}"
         return _row(name, other, "in place", t[other] / t["in_place"], ms[other], ms["in_place"], 1 / limit, note)
 
-    return [in_place_vs("gather", "gather", 0.7, calls), in_place_vs("dense", "dense KVCache", 1.1)]
+    compiled = _row(
+        "paged decode step B=32, 512 cached: compiled vs eager (both in place)",
+        "eager",
+        "compiled",
+        t["in_place"] / t["compiled"],
+        ms["in_place"],
+        ms["compiled"],
+        note="compiled_step.py, autotuned matmuls; its compile not timed",
+    )
+    return [in_place_vs("gather", "gather", 0.7, calls), in_place_vs("dense", "dense KVCache", 1.1), compiled]
 
 
 def run_fast_sequential(model, workload) -> RunResult:
@@ -129,9 +141,19 @@ def rows_batching(model, tok, quick: bool) -> list[dict]:
     num_blocks = 512  # 8192 token slots: 8 contiguous max_seq_len reservations
     seq = run_sequential(model, wl)
     fast = run_fast_sequential(model, wl)
-    static = run_engine(Engine(model, num_blocks=num_blocks, max_num_seqs=32, policy="static"), wl, "static")
+    # the engine's step eager and compiled (compiled_step.py; compiled once, before any clock), interleaved
+    runs: dict[bool, list[RunResult]] = {False: [], True: []}
+    for _ in range(2 if quick else 3):
+        for compiled in (False, True):
+            engine = Engine(model, num_blocks=num_blocks, max_num_seqs=32, compile_step=compiled and "autotune")
+            runs[compiled].append(run_engine(engine, wl, f"continuous, compiled step: {compiled}"))
+    by_speed = {c: sorted(rs, key=lambda r: r.throughput) for c, rs in runs.items()}
+    eager, cont = (by_speed[c][len(by_speed[c]) // 2] for c in (False, True))  # the median run of each
+    step = "compiled" if engine.compiled_steps else "eager"  # which step the candidate's runs used
+    static = run_engine(
+        Engine(model, num_blocks=num_blocks, max_num_seqs=32, policy="static", compile_step="autotune"), wl, "static"
+    )
     cont_engine = Engine(model, num_blocks=num_blocks, max_num_seqs=32)
-    cont = run_engine(cont_engine, wl, "continuous")
     m = cont.engine_metrics
     contiguous_fit = num_blocks * cont_engine.block_size // model.cfg.max_seq_len
 
@@ -145,21 +167,30 @@ def rows_batching(model, tok, quick: bool) -> list[dict]:
 
     rows = [
         versus(
-            f"continuous batching vs sequential generate ({n} req, 32 running)",
+            f"continuous batching, {step} step vs eager step ({n} req, 32 running)",
+            "eager step",
+            eager,
+            None,
+            note=f"median of {len(runs[True])} interleaved runs each; {engine.compiled_steps} of "
+            f"{engine.num_steps} steps compiled",
+            same=eager.outputs == cont.outputs,
+        ),
+        versus(
+            f"continuous batching ({step} step) vs sequential generate ({n} req, 32 running)",
             "sequential",
             seq,
             10.0,
             **differ_note(cont, "outputs", "sequential generate"),
         ),
         versus(
-            "continuous batching vs sequential FastGenerator (compiled)",
+            f"continuous batching ({step} step) vs sequential FastGenerator (compiled)",
             "FastGenerator",
             fast,
             3.0,
             **differ_note(fast, "FastGenerator outputs"),
         ),
         versus(
-            "continuous vs static batching (same batch size 32)",
+            f"continuous vs static batching (same batch size 32, both {step} step)",
             "static",
             static,
             1.7,
@@ -189,7 +220,7 @@ def rows_batching(model, tok, quick: bool) -> list[dict]:
     if hf is not None:
         rows.append(
             versus(
-                "continuous batching vs transformers generate_batch",
+                f"continuous batching ({step} step) vs transformers generate_batch",
                 "transformers",
                 hf,
                 10.0,

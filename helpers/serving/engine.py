@@ -50,6 +50,7 @@ from ..sampling import check_generator, next_token
 from ..stopping import StopChecker
 from . import params
 from .block_pool import BlockPool
+from .compiled_step import compiled_step_for
 from .model_runner import DECODE_ATTENTION, SequenceChunk, default_decode_attention, forward_step
 from .paged_cache import PagedKVCache
 from .request import FINISHED, Request
@@ -96,6 +97,7 @@ class Engine:
         step_log: int | None = None,
         decode_attention: str | None = None,
         batch_invariant: bool = False,
+        compile_step: bool | str = False,
     ):
         """policy: "continuous", or "static" (the baseline, static_scheduler.py). step_log: keep the last
         step_log StepRecords in `steps` (None: every one). decode_attention: "in_place" (blocks read where
@@ -118,7 +120,15 @@ class Engine:
         thread count or torch build (other kernels), another max_num_seqs or max_num_batched_tokens, or
         with sampling's own randomness shared (a request without a seed draws from torch's global
         generator, whose state depends on the others); prefix caching and the static policy are refused
-        in this mode (a cached prefix was computed in another request's chunks)."""
+        in this mode (a cached prefix was computed in another request's chunks).
+
+        compile_step: True runs every all-decode step of two or more requests through one torch.compile'd
+        graph with the library's matmuls (compiled_step.py; compiled here, before the first step, shared by
+        every engine on the model, kept in the on-disk compile cache); "autotune" with inductor's own
+        autotuned matmuls instead (faster at small batches, but compiled afresh in every process, tens of
+        seconds on a small CPU). Other steps, and every step where compiling failed, run eagerly. Off by
+        default (tests and notebooks build engines in many processes); the serving bench and the server CLI
+        use "autotune". `compiled_steps` counts the steps it ran."""
         params.check_kv_pool(model, num_blocks, block_size, max_num_seqs)
         max_num_batched_tokens = params.check_scheduling(
             model.cfg, max_num_seqs, max_num_batched_tokens, enable_prefix_caching, chunked_prefill, policy, step_log
@@ -138,6 +148,15 @@ class Engine:
                 f"decode_attention must be one of {DECODE_ATTENTION} or None; got {decode_attention!r}",
             )
         self.decode_attention = decode_attention
+        if not (isinstance(compile_step, bool) or compile_step == "autotune"):
+            raise params.InvalidParameter(
+                "compile_step", f"compile_step must be False, True or 'autotune'; got {compile_step!r}"
+            )
+        mode = "autotune" if compile_step == "autotune" else "library"
+        self.compiled = compiled_step_for(model, mode) if compile_step is not False else None
+        if self.compiled is not None and self.compiled.error is None and block_size not in self.compiled.block_sizes:
+            self.compiled.warmup(block_size)  # compile now (once per block size): no step's clock should pay it
+        self.compiled_steps = 0
         self.cache = PagedKVCache.for_model(model, num_blocks, block_size)
         self.pool = BlockPool(num_blocks, enable_prefix_caching)
         args = (self.pool, block_size, max_num_seqs, max_num_batched_tokens, chunked_prefill)
@@ -259,9 +278,13 @@ class Engine:
                 )
             )  # a padded row's KV is nobody's
         t_chunks = time.perf_counter()
-        logits = forward_step(
-            self.model, self.cache, chunks, self.decode_attention, self.timings, self.row_widths
-        )  # (n_sampled, V)
+        if self.compiled is not None and self.compiled.applies(chunks, self.decode_attention, self.row_widths):
+            logits = self.compiled(self.cache, chunks)  # (n_sampled, V): every chunk decodes, every one sampled
+            self.compiled_steps += 1
+        else:
+            logits = forward_step(
+                self.model, self.cache, chunks, self.decode_attention, self.timings, self.row_widths
+            )  # (n_sampled, V)
         t_forward = time.perf_counter()
         sampled = [s.request for s, c in zip(scheduled, chunks) if c.want_logits]
         tokens = self._sample(sampled, logits)

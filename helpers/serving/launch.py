@@ -37,8 +37,10 @@ from ..processes import ParentWatch, die_with_parent, free_port, stop_process  #
 
 
 class ServerProcess:
-    def __init__(self, port: int | None = None, startup_timeout: float = 120.0, **flags):
-        """flags become command-line options: max_num_seqs=16 -> --max-num-seqs 16 (True -> a bare flag)."""
+    def __init__(self, port: int | None = None, startup_timeout: float = 120.0, compile_step: bool = False, **flags):
+        """flags become command-line options: max_num_seqs=16 -> --max-num-seqs 16 (True -> a bare flag).
+        compile_step: False passes --no-compile-step (tests and chapter 14 start many servers, and each would
+        compile its decode step again at start-up)."""
         self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         self.root_url = f"http://127.0.0.1:{self.port}"
@@ -56,6 +58,8 @@ class ServerProcess:
         ]
         if threading.current_thread() is threading.main_thread():  # Linux signals when the starting thread ends
             self.args.append("--parent-death-signal")
+        if not compile_step:
+            self.args.append("--no-compile-step")
         for name, value in flags.items():
             option = "--" + name.replace("_", "-")
             if value is True:

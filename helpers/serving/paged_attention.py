@@ -135,6 +135,24 @@ def kernel_available(head_dim: int = 32, kv_heads: int = 2, group: int = 4, bloc
     return _kernel(head_dim, kv_heads, group, block_size) is not None
 
 
+def _launch(lib, q, k, v, tables, lengths, layer: int) -> torch.Tensor:
+    """The kernel's call on checked inputs: q (N, H, D); k, v (L, slots, Hkv, D); tables (N, W); lengths (N,)."""
+    out = torch.empty_like(q)  # (N, H, D)
+    offset = layer * k.stride(0) * k.element_size()  # layer `layer`'s pool starts this many bytes in
+    lib.paged_decode(
+        q.data_ptr(),
+        k.data_ptr() + offset,
+        v.data_ptr() + offset,
+        tables.data_ptr(),
+        lengths.data_ptr(),
+        q.shape[0],
+        tables.shape[1],
+        1.0 / math.sqrt(q.shape[2]),
+        out.data_ptr(),
+    )
+    return out
+
+
 class PagedDecoder:
     """The C kernel set up once per step for N decoding requests, then called once per layer.
 
@@ -164,7 +182,6 @@ class PagedDecoder:
             raise ValueError("every length must be >= 1")
         self.k, self.v, self.block_size = k, v, block_size
         self.Hkv, self.D = k.shape[2], k.shape[3]
-        self.layer_bytes = k.stride(0) * k.element_size()
         self.N, self.W = N, self.tables.shape[1]
         self.lib = None  # built on the first call, when the number of query heads is known
 
@@ -182,20 +199,36 @@ class PagedDecoder:
             self.lib = _kernel(D, self.Hkv, H // self.Hkv, self.block_size)
             if self.lib is None:
                 raise RuntimeError("paged_decode_attention needs a C compiler (cc, gcc or clang, or $CC): none worked")
-        out = torch.empty_like(q)  # (N, H, D)
-        offset = layer * self.layer_bytes
-        self.lib.paged_decode(
-            q.data_ptr(),
-            self.k.data_ptr() + offset,
-            self.v.data_ptr() + offset,
-            self.tables.data_ptr(),
-            self.lengths.data_ptr(),
-            N,
-            self.W,
-            1.0 / math.sqrt(D),
-            out.data_ptr(),
-        )
-        return out
+        return _launch(self.lib, q, self.k, self.v, self.tables, self.lengths, layer)
+
+
+def paged_decode_layer(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    tables: torch.Tensor,
+    lengths: torch.Tensor,
+    layer: int,
+    block_size: int,
+) -> torch.Tensor:
+    """PagedDecoder's per-layer call without its per-step set-up: for a caller that built `tables` (N, W) and
+    `lengths` (N,) itself (contiguous int64, each length >= 1 and covered by its table), as compiled_step.py's
+    custom op does once per layer. Checks only what costs no pass over the data (dtypes, layouts, shapes).
+    q (N, H, D), k, v (L, slots, Hkv, D) contiguous float32 CPU. Returns (N, H, D)."""
+    N, H, D = q.shape
+    Hkv = k.shape[2]
+    for name, t, dtype in (("q", q, torch.float32), ("k", k, torch.float32), ("v", v, torch.float32)):
+        if t.dtype != dtype or t.device.type != "cpu" or not t.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous float32 CPU tensor; got {t.dtype} on {t.device}")
+    for name, t in (("tables", tables), ("lengths", lengths)):
+        if t.dtype != torch.int64 or not t.is_contiguous() or t.shape[0] != N:
+            raise ValueError(f"{name} must be contiguous int64 with {N} rows; got {t.dtype}, {tuple(t.shape)}")
+    if v.shape != k.shape or k.shape[3] != D or H % Hkv or not 0 <= layer < k.shape[0]:
+        raise ValueError(f"q {tuple(q.shape)} and pools {tuple(k.shape)}, {tuple(v.shape)} do not fit layer {layer}")
+    lib = _kernel(D, Hkv, H // Hkv, block_size)
+    if lib is None:
+        raise RuntimeError("paged_decode_layer needs a C compiler (cc, gcc or clang, or $CC): none worked")
+    return _launch(lib, q, k, v, tables, lengths, layer)
 
 
 def paged_decode_attention(

@@ -49,8 +49,10 @@ def create_app(
     max_body_bytes: int = 1 << 20,
     enable_prefix_caching: bool = True,
     model_name: str = MODEL_NAME,
+    compile_step: bool | str = False,
 ) -> FastAPI:
-    """The FastAPI app serving `model`; its engine thread starts and stops with the app."""
+    """The FastAPI app serving `model`; its engine thread starts and stops with the app. compile_step: the
+    engine's compiled decode step (Engine's docstring; the command line turns it on)."""
     engine = Engine(
         model,
         num_blocks=num_blocks,
@@ -58,6 +60,7 @@ def create_app(
         max_num_seqs=max_num_seqs,
         enable_prefix_caching=enable_prefix_caching,
         step_log=1024,
+        compile_step=compile_step,
     )
     worker = EngineWorker(engine, max_pending=max_pending)
     completions = Completions(worker, tokenizer, model_name, model.cfg.max_seq_len)

@@ -3,6 +3,9 @@
     python -m helpers.serving.soak                  # 500 requests, a few minutes
     python -m helpers.serving.soak --requests 60    # the short version the tests and chapter 14 run
 
+From the command line the server's engine compiles its decode step, as `python -m helpers.serving` does
+(`--no-compile-step`: all eager, as the tests and chapter 14 run it).
+
 The server runs in this process (its app on a uvicorn thread, on a free loopback port) so that the soak
 can also cancel a request from the server side and replay any request through an engine alone. The
 requests, drawn from a seeded generator:
@@ -232,12 +235,14 @@ def settled(worker, engine) -> bool:
     return not (m["running"] or m["pending"]) and m["kv_blocks_free"] == m["kv_blocks_total"] and not engine.requests
 
 
-def run_soak(model, tok, n_requests=500, concurrency=16, seed=0, server_cancels=2, warmup=64, progress=True) -> dict:
+def run_soak(
+    model, tok, n_requests=500, concurrency=16, seed=0, server_cancels=2, warmup=64, progress=True, compile_step=False
+) -> dict:
     """Serve `model` in this process, send the mix, check everything; returns the report (see `table`).
     Memory is compared with what it was after `warmup` requests of the same mix (every path taken once)."""
     import uvicorn
 
-    app = create_app(model, tok, num_blocks=512, max_num_seqs=16, max_pending=64)
+    app = create_app(model, tok, num_blocks=512, max_num_seqs=16, max_pending=64, compile_step=compile_step)
     worker = app.state.worker
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
@@ -265,6 +270,7 @@ def run_soak(model, tok, n_requests=500, concurrency=16, seed=0, server_cancels=
             time.sleep(0.05)
         books = worker.metrics()
         left_in_engine = len(app.state.engine.requests)
+        steps = (app.state.engine.compiled_steps, app.state.engine.num_steps)
     finally:
         server.should_exit = True
         thread.join(30)
@@ -277,6 +283,7 @@ def run_soak(model, tok, n_requests=500, concurrency=16, seed=0, server_cancels=
         "checked": checks,
         "blocks_leaked": books["kv_blocks_total"] - books["kv_blocks_free"],
         "left_in_engine": left_in_engine,
+        "compiled_steps": steps,  # (steps run by the compiled graph, all steps)
         "rss_warm": rss_warm,
         "rss_end": process_memory()["rss_bytes"],
         "peak_rss": process_memory()["peak_rss_bytes"],
@@ -366,13 +373,16 @@ def main(argv=None) -> None:
     p.add_argument("--requests", type=int, default=500)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-compile-step", action="store_true", help="the engine's steps all eager, as in the tests")
     args = p.parse_args(argv)
     from ..checkpoint import load_model
 
     torch.set_num_threads(1)
     model, tok = load_model("target")
-    report = run_soak(model, tok, args.requests, args.concurrency, args.seed)
+    compile_step = False if args.no_compile_step else "autotune"  # as the server's command line runs it
+    report = run_soak(model, tok, args.requests, args.concurrency, args.seed, compile_step=compile_step)
     print(table(report))
+    print(f"engine steps run compiled: {report['compiled_steps'][0]} of {report['compiled_steps'][1]}")
     missed = failures(report)
     print("targets met" if not missed else "targets missed: " + "; ".join(missed))
     raise SystemExit(1 if missed else 0)

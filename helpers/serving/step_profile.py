@@ -7,7 +7,8 @@
 blocks scattered over the pool at random (a long-running server's pool looks like that), and times,
 interleaved: the engine's step reading blocks in place, the same step gathering each request's blocks
 into a dense copy first, and the dense `KVCache` batched step of the same shape (model.py's forward, no
-paging at all). It also counts the calls the in-place step makes to `PagedKVCache.gather` (0 by design).
+paging at all); with `compiled="autotune"` (or "library") also the in-place step compiled
+(compiled_step.py). It also counts the calls the in-place step makes to `PagedKVCache.gather` (0 by design).
 
 `step_breakdown` runs an engine on `batch` requests that all decode at once (prompts cut from `ids`),
 and returns `Engine.step_breakdown()` over the decode steps: scheduler, the step's index tensors,
@@ -26,6 +27,7 @@ import torch
 from ..generate import prefill
 from ..kv_cache import KVCache
 from ..measure.timing import median, time_interleaved
+from .compiled_step import compiled_step_for
 from .engine import Engine
 from .model_runner import SequenceChunk, forward_step
 from .paged_cache import PagedKVCache
@@ -46,8 +48,11 @@ def scattered_decode_batch(model, batch: int, context: int, block_size: int = 16
     return cache, chunks
 
 
-def paged_step_seconds(model, batch: int = 32, context: int = 512, block_size: int = 16, repeats: int = 9) -> dict:
-    """Median seconds of one decode step: in place, gathered, and the dense KVCache step; plus the number of
+def paged_step_seconds(
+    model, batch: int = 32, context: int = 512, block_size: int = 16, repeats: int = 9, compiled: str | None = None
+) -> dict:
+    """Median seconds of one decode step: in place, gathered, and the dense KVCache step (and, with compiled a
+    mode of compiled_step.py, the in-place step compiled, its compile not timed); plus the number of
     PagedKVCache.gather calls the in-place step made."""
     cache, chunks = scattered_decode_batch(model, batch, context, block_size)
     dense = KVCache.for_model(model, batch_size=batch, max_seq_len=context + 1)
@@ -66,29 +71,45 @@ def paged_step_seconds(model, batch: int = 32, context: int = 512, block_size: i
     gather_calls = len(calls)
     cache.gather = real_gather
 
+    steps = [
+        lambda: forward_step(model, cache, chunks, "in_place"),
+        lambda: forward_step(model, cache, chunks, "gather"),
+        lambda: model(token, dense, start_pos=context),
+    ]
+    if compiled:
+        step = compiled_step_for(model, compiled)
+        if step.compile_seconds is None:
+            step.warmup(block_size)
+        steps.append(lambda: step(cache, chunks))
     with torch.no_grad():
-        times = time_interleaved(
-            [
-                lambda: forward_step(model, cache, chunks, "in_place"),
-                lambda: forward_step(model, cache, chunks, "gather"),
-                lambda: model(token, dense, start_pos=context),
-            ],
-            model.device,
-            repeats=repeats,
-        )
-    in_place, gather, dense_s = (median(t) for t in times)
-    return dict(in_place=in_place, gather=gather, dense=dense_s, gather_calls=gather_calls)
+        times = time_interleaved(steps, model.device, repeats=repeats)
+    t = dict(zip(("in_place", "gather", "dense", "compiled"), (median(t) for t in times)))
+    return dict(t, gather_calls=gather_calls)
 
 
 def step_breakdown(
-    model, ids: list[int], batch: int, prompt_len: int = 256, steps: int = 24, decode_attention: str | None = None
+    model,
+    ids: list[int],
+    batch: int,
+    prompt_len: int = 256,
+    steps: int = 24,
+    decode_attention: str | None = None,
+    compile_step: bool | str = False,
 ) -> dict[str, float]:
     """Mean seconds per decode step by part, for `batch` requests decoding together (prompts of prompt_len
-    tokens cut from ids; `steps` decode steps measured after every prompt is in the cache)."""
+    tokens cut from ids; `steps` decode steps measured after every prompt is in the cache). With compile_step
+    the compiled step's index tensors and attention fall under matmuls_and_rest (one graph: not split)."""
     if len(ids) < batch * prompt_len:
         raise ValueError(f"ids must hold batch * prompt_len = {batch * prompt_len} tokens; got {len(ids)}")
     per = -(-(prompt_len + steps + 2) // 16)
-    e = Engine(model, num_blocks=batch * per + 1, block_size=16, max_num_seqs=batch, decode_attention=decode_attention)
+    e = Engine(
+        model,
+        num_blocks=batch * per + 1,
+        block_size=16,
+        max_num_seqs=batch,
+        decode_attention=decode_attention,
+        compile_step=compile_step,
+    )
     for i in range(batch):
         e.submit(ids[i * prompt_len : (i + 1) * prompt_len], max_tokens=steps + 2)
     while any(r.num_computed < len(r.prompt) for r in e.requests.values()):

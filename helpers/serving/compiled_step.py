@@ -1,0 +1,218 @@
+"""The engine's all-decode step compiled: one graph from token ids to logits, attention and cache writes inside.
+
+Most serving steps are the same shape of work: every running request decodes one token. Run eagerly
+(model_runner.forward_step) such a step is about 290 torch calls (norms, rotations, residual adds, the
+cache writes, 25 matmuls), each paying its dispatch, around matmuls of a few rows. Here that step is traced
+once by torch.compile into one graph:
+
+    step = compiled_step_for(model, "autotune")  # one per model, mode and process
+    step.warmup(block_size=16)                   # compile now, on a scratch pool
+    if step.applies(chunks, "in_place", None):
+        logits = step(cache, chunks)             # (N, V); the pool written, each sequence committed
+    step.calls                                   # steps it ran (tests check that it is used)
+
+- the C paged-decode kernel (paged_attention.py) is a torch custom op, `llm_course::paged_decode`, with a
+  fake implementation that only gives the output's shape, so it sits in the graph as one opaque call. The
+  op first writes the step's new keys and values into the pool (index_copy_; the schema declares the pool
+  mutated, and inductor then runs the op on the pool in place, no copy of it);
+- the weights are frozen into the graph and inductor drives its kernels from generated C++ (cpp_wrapper),
+  as FastGenerator does; the matmuls are the library's (mode "library") or, in mode "autotune", whichever
+  of inductor's generated C++ GEMM and the library's packed call its autotuner timed faster for each
+  product (compiling.compile_options);
+- the batch dimension N is dynamic (torch._dynamo.mark_dynamic): one graph serves every batch of 2 or
+  more rows. A batch of 1 runs eagerly (torch would specialise a size of 1 into a second graph, a second
+  compile for the rarest step of a batching workload). Nothing is padded, so no slot of the pool is
+  written that belongs to nobody. Block tables are padded to a fixed width (max_seq_len / block_size)
+  and the pool's number of slots is dynamic too, so engines with other pool sizes reuse the graph;
+- after a block size's first call, later calls skip dynamo's guard checks (compiling.guards_checked_once):
+  every input is built here, always with the same dtypes, ranks and grad mode.
+
+Where it pays: the eager step spends a roughly fixed time outside its matmuls and attention whatever the
+batch, so compiling helps most at small batches; at 32 rows the step is mostly matmuls, which compiling
+does not make faster (bench.py and chapter 13 measure both on the machine at hand).
+
+Compile cost: mode "library" goes through inductor's on-disk graph cache (a new process loads it in a few
+seconds); mode "autotune" cannot (its packed weights do not pickle, compiling.py), so every new process
+compiles it again (tens of seconds on a small CPU). Within a process every engine on the model reuses
+the graph. Hence `Engine(compile_step=...)` is off by default (tests and notebooks), "autotune" in the
+serving bench and the server CLI. The weights are fixed when the step compiles: after changing a model's
+weights, call forget(model).
+
+`applies` says when the compiled step runs: two or more chunks, each one token that is sampled from
+(not a one-token piece of a prompt), the in-place attention (a float32 model on the CPU, the kernel
+built), outside the batch-invariant mode. Every other step (prefill chunks, the gather path, other dtypes
+or devices, the invariant mode's row tiles) runs model_runner.forward_step, and so does every step where
+compiling failed (`error` keeps why).
+
+Left out: prefill chunks in the graph (their attention is one SDPA per chunk with its own causal mask),
+CUDA graphs and GPU kernels, and the batch-invariant mode (its row tiles are the point of that mode).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import types
+import weakref
+
+import torch
+
+from ..compiling import compile_options, guards_checked_once, use_course_compile_cache
+from ..model import apply_rope
+from .paged_attention import paged_decode_layer
+from .paged_cache import PagedKVCache
+
+# Registered with torch.library's low-level API rather than the custom_op decorator, whose wrapper cost
+# more per call (six calls a step). The schema's (a!) and (b!) declare the pools as mutated.
+_library = torch.library.Library("llm_course", "FRAGMENT")
+_library.define(
+    "paged_decode(Tensor q, Tensor k_new, Tensor v_new, Tensor(a!) k_pool, Tensor(b!) v_pool, Tensor slots, "
+    "Tensor tables, Tensor lengths, int layer, int block_size) -> Tensor"
+)
+
+
+def paged_decode_impl(q, k_new, v_new, k_pool, v_pool, slots, tables, lengths, layer: int, block_size: int):
+    """Write k_new, v_new (N, Hkv, D) at `slots` (N,) of layer `layer`'s pool, then attend q (N, H, D) over
+    each request's blocks in place (the C kernel). k_pool, v_pool (L, slots, Hkv, D); tables (N, W) and
+    lengths (N,) int64, built by CompiledDecodeStep. Returns (N, H, D)."""
+    k_pool[layer].index_copy_(0, slots, k_new)
+    v_pool[layer].index_copy_(0, slots, v_new)
+    return paged_decode_layer(q.contiguous(), k_pool, v_pool, tables, lengths, layer, block_size)
+
+
+_library.impl("paged_decode", paged_decode_impl, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("llm_course::paged_decode")
+def _(q, k_new, v_new, k_pool, v_pool, slots, tables, lengths, layer, block_size):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)  # (N, H, D)
+
+
+paged_decode_op = torch.ops.llm_course.paged_decode
+
+
+def decode_logits(model, tokens, pos, slots, tables, k_pool, v_pool, block_size: int) -> torch.Tensor:
+    """The all-decode step as traced: tokens, pos, slots (N,), tables (N, W) -> logits (N, V). The same
+    modules and arithmetic as model_runner.forward_step's decode path (tests compare the two)."""
+    cos, sin = model.rope_cos[pos].unsqueeze(1), model.rope_sin[pos].unsqueeze(1)  # (N, 1, D)
+    lengths = pos + 1  # (N,) keys each request reads, its new one included
+    x = model.embed(tokens)  # (N, C)
+    N = x.shape[0]
+    for layer_idx, layer in enumerate(model.layers):
+        attn = layer.attn
+        H, Hkv, D = attn.n_heads, attn.n_kv_heads, attn.head_dim
+        qkv = attn.wqkv(layer.attn_norm(x))  # (N, (H + 2 * Hkv) * D)
+        qk = apply_rope(qkv[:, : (H + Hkv) * D].view(N, H + Hkv, D), cos, sin)  # (N, H + Hkv, D)
+        q, k = qk[:, :H], qk[:, H:]  # (N, H, D), (N, Hkv, D)
+        v = qkv[:, (H + Hkv) * D :].view(N, Hkv, D)  # (N, Hkv, D)
+        y = paged_decode_op(q, k, v, k_pool, v_pool, slots, tables, lengths, layer_idx, block_size)  # (N, H, D)
+        x = x + attn.wo(y.reshape(N, H * D))
+        x = x + layer.mlp(layer.mlp_norm(x))
+    return model.head(model.norm(x))  # (N, V)
+
+
+MODES = ("library", "autotune")  # the matmuls: the library's (graph cached on disk), or autotuned (not cached)
+
+
+class CompiledDecodeStep:
+    """The all-decode step through torch.compile for one model (see the module docstring)."""
+
+    def __init__(self, model, mode: str = "library"):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
+        use_course_compile_cache()
+        self.model, self.mode = model, mode
+        # a copy of decode_logits with its own code object: dynamo keeps graphs per code object, so this
+        # instance's graphs (with this model's weights frozen in) are its own, and forget() really forgets them
+        own = types.FunctionType(decode_logits.__code__.replace(), decode_logits.__globals__, "decode_logits")
+        self.fn = torch.compile(
+            own,
+            **{
+                **compile_options(None, cpp_wrapper=True, freeze=True, gemm_autotune=mode == "autotune"),
+                "dynamic": None,
+            },
+        )
+        self.calls = 0  # steps run through the graph
+        self.block_sizes: set[int] = set()  # block sizes whose graph has run once with its guards checked
+        self.error: Exception | None = None  # why compiling failed, if it did: every step then runs eagerly
+        self.compile_seconds: float | None = None  # the warm-up's compile, if warmup() ran
+        self.float32_cpu = model.device.type == "cpu" and all(p.dtype == torch.float32 for p in model.parameters())
+
+    def applies(self, chunks, decode_attention: str, row_widths) -> bool:
+        """Whether this step runs compiled (see the module docstring)."""
+        return (
+            self.error is None
+            and len(chunks) >= 2
+            and decode_attention == "in_place"
+            and row_widths is None
+            and self.float32_cpu
+            and all(len(c.token_ids) == 1 and c.want_logits for c in chunks)
+        )
+
+    def warmup(self, block_size: int = 16, rows: int = 8) -> float:
+        """Compile now on a scratch pool (`rows` requests of one block each); returns the seconds it took.
+        The graph's batch size is symbolic, but inductor chooses its kernels for the size it first sees: a
+        batch in the middle of the range (measured: warmed at 8 or 32 rows, the autotuned step at 16 rows was
+        about 1.1x faster than warmed at 2; at 4 and 32 rows about the same)."""
+        from .model_runner import SequenceChunk
+
+        cache = PagedKVCache.for_model(self.model, rows, block_size)
+        chunks = [SequenceChunk([1 + i], 0, [i], True) for i in range(rows)]
+        calls, t0 = self.calls, time.perf_counter()
+        try:
+            self(cache, chunks)
+        except Exception as e:  # noqa: BLE001 - any compiler failure means: run eagerly
+            self.error = e
+        self.calls = calls  # the warm-up is not a step
+        self.compile_seconds = time.perf_counter() - t0
+        return self.compile_seconds
+
+    def __call__(self, cache: PagedKVCache, chunks) -> torch.Tensor:
+        """Logits (N, V) for N >= 2 decoding chunks (one token each); writes the pool and commits each
+        sequence's new length, as forward_step does."""
+        bs = cache.block_size
+        width = -(-self.model.cfg.max_seq_len // bs)  # every table padded to this many blocks: a fixed shape
+        ids, positions, slots, tables = [], [], [], []
+        for c in chunks:  # plain ints, one torch.tensor call each below
+            p = c.start_pos
+            ids.append(c.token_ids[0])
+            positions.append(p)
+            slots.append(c.block_table[p // bs] * bs + p % bs)
+            tables.append(c.block_table + [0] * (width - len(c.block_table)))  # entries past a length: unread
+        device = self.model.device
+        tokens = torch.tensor(ids, dtype=torch.long, device=device)  # (N,)
+        pos = torch.tensor(positions, dtype=torch.long, device=device)  # (N,)
+        slot_t = torch.tensor(slots, dtype=torch.long, device=device)  # (N,)
+        table_t = torch.tensor(tables, dtype=torch.long, device=device)  # (N, W)
+        for t in (tokens, pos, slot_t, table_t):
+            torch._dynamo.mark_dynamic(t, 0)
+        for t in (cache.k, cache.v):
+            torch._dynamo.mark_dynamic(t, 1)
+        # dynamo reads inductor's freezing flag while tracing: set around the call, as compiling.warm_compiled does.
+        # Once a block size has run with its guards checked, later calls skip them (compiling.guards_checked_once):
+        # every input is built here, always of the same dtypes, ranks and grad mode.
+        skip = guards_checked_once() if bs in self.block_sizes else contextlib.nullcontext()
+        with torch.no_grad(), torch._inductor.config.patch(freezing=True), skip:
+            logits = self.fn(self.model, tokens, pos, slot_t, table_t, cache.k, cache.v, bs)  # (N, V)
+        self.block_sizes.add(bs)
+        for c in chunks:
+            if c.seq_id is not None:
+                cache.commit(c.seq_id, c.start_pos + 1)
+        self.calls += 1
+        return logits
+
+
+_steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {mode: CompiledDecodeStep}
+
+
+def compiled_step_for(model, mode: str = "library") -> CompiledDecodeStep:
+    """The model's CompiledDecodeStep in this mode, made on first request: every engine on the model shares it."""
+    steps = _steps.setdefault(model, {})
+    if mode not in steps:
+        steps[mode] = CompiledDecodeStep(model, mode)
+    return steps[mode]
+
+
+def forget(model) -> None:
+    """Drop the model's compiled steps (after changing its weights: the graphs hold the old ones)."""
+    _steps.pop(model, None)

@@ -1,0 +1,101 @@
+"""The engine's compiled all-decode step (helpers/serving/compiled_step.py) against the eager step.
+
+The same decode batch (blocks scattered over the pool) runs through model_runner.forward_step and through the
+compiled graph: the logits agree within float32 rounding (the compiled graph's matmuls are inductor's own
+GEMMs, which add in another order: measured differences 2e-5 to 4e-5 on the course model; the bound is
+test_serving.py's 1e-3), the greedy tokens are the same, each new key and value lands in its slot (and
+nowhere else), and the cache commits the same lengths; in both modes (the library's matmuls, and autotuned
+ones: compiled afresh in every process, tens of seconds on a small CPU). Engines given compile_step=True are
+checked against generate in test_serving.py (with the count of compiled steps).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import load_model
+from helpers.serving import Engine
+from helpers.serving.compiled_step import MODES, compiled_step_for, forget
+from helpers.serving.model_runner import SequenceChunk, forward_step
+from helpers.serving.step_profile import scattered_decode_batch
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model("target")[0]
+
+
+@pytest.fixture(scope="module", params=MODES)
+def model_and_step(model, request):
+    step = compiled_step_for(model, request.param)
+    step.warmup(16)
+    assert step.error is None, f"the compiled step did not compile: {step.error!r}"
+    return model, step
+
+
+@pytest.mark.parametrize("batch,context", [(2, 1), (5, 37), (32, 300)])
+def test_compiled_step_equals_eager_step(model_and_step, batch, context):
+    model, step = model_and_step
+    cache, chunks = scattered_decode_batch(model, batch, context, seed=batch)
+    for i, c in enumerate(chunks):
+        c.seq_id = f"s{i}"
+    before_k = cache.k.clone()
+    eager = forward_step(model, cache, chunks, "in_place")  # (B, V)
+    eager_k = cache.k.clone()
+    cache.k.copy_(before_k)
+    cache.lengths.clear()
+    calls = step.calls
+    compiled = step(cache, chunks)  # (B, V)
+    assert step.calls == calls + 1
+    assert compiled.shape == eager.shape
+    assert (compiled - eager).abs().max().item() < 1e-3
+    assert torch.equal(compiled.argmax(-1), eager.argmax(-1))
+    assert cache.lengths == {f"s{i}": context + 1 for i in range(batch)}
+    written = torch.zeros(cache.k.shape[1], dtype=torch.bool)
+    for c in chunks:
+        p = c.start_pos
+        written[c.block_table[p // 16] * 16 + p % 16] = True
+    assert torch.equal(cache.k[:, ~written], before_k[:, ~written]), "the compiled step wrote a slot not its own"
+    assert (cache.k[:, written] - eager_k[:, written]).abs().max().item() < 1e-3
+    assert not torch.equal(cache.k[:, written], before_k[:, written]), "the new keys were not written"
+
+
+def test_which_steps_run_compiled(model_and_step):
+    step = model_and_step[1]
+    decode = [SequenceChunk([1], 4, [0], True), SequenceChunk([2], 7, [1], True)]
+    assert step.applies(decode, "in_place", None)
+    assert not step.applies(decode[:1], "in_place", None)  # a batch of one runs eagerly
+    assert not step.applies(decode, "gather", None)
+    assert not step.applies(decode, "in_place", (4, 32))  # the batch-invariant mode's row tiles
+    assert not step.applies([decode[0], SequenceChunk([3, 4], 0, [2], True)], "in_place", None)  # a prefill chunk
+    assert not step.applies([decode[0], SequenceChunk([5], 0, [2], False)], "in_place", None)  # a prompt piece
+
+
+def test_forget_recompiles_with_the_new_weights(model):
+    step = compiled_step_for(model)
+    step.warmup(16)
+    assert compiled_step_for(model) is step  # one per model and mode: every engine on it shares the graph
+    cache, chunks = scattered_decode_batch(model, 3, 20)
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    try:
+        with torch.no_grad():
+            model.head.weight.mul_(2.0)  # the graph holds the old weights: forget it, compile afresh
+        forget(model)
+        fresh = compiled_step_for(model)
+        assert fresh is not step and fresh.mode == step.mode
+        k0 = cache.k.clone()
+        eager = forward_step(model, cache, chunks, "in_place")
+        cache.k.copy_(k0)
+        assert (fresh(cache, chunks) - eager).abs().max().item() < 2e-3  # logits twice as large: twice the bound
+    finally:
+        model.load_state_dict(saved)
+        forget(model)
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, None])
+def test_engine_names_a_bad_compile_step(model, bad):
+    with pytest.raises(ValueError, match="compile_step"):
+        Engine(model, num_blocks=8, compile_step=bad)
