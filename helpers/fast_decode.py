@@ -40,8 +40,8 @@ step, interleaved on the same VM under load: the course model 1.33x faster than 
 read its weights at 0.88x of the read-only roof measured between its runs in a quiet window (torch's
 kernel: 0.58x; 0.99x and 0.59x loaded; `python -m helpers.bench --rows bandwidth`). It is ordinary
 generated code, no packed or copied weights, so inductor's graph cache keeps it: a new process loads the
-course model's step in 5-11 s (torch's kernel: 5-9 s); the cold compile took 35 s there. Eagerly and for
-several rows (prefill, a verify pass, a batch) the layer calls F.linear on the same weight. The opt-in
+course model's step in 5-11 s (torch's kernel: 5-9 s); the cold compile took 35 s there. A verify pass of
+2-8 tokens is one such loop for all its rows (row_sums.MAX_SUM_ROWS); eagerly and for more rows, F.linear. The opt-in
 autotuned GEMM below was 1.06-1.26x faster still in the same runs, at 43 s of lowering in every new
 process. `gemv="library"` switches back to torch's kernel.
 

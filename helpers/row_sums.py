@@ -12,13 +12,32 @@ it across processes). Two details make that loop run at the speed of a plain sum
 - the input row is `materialized` first (a copy inductor does not see into): otherwise inductor inlines
   the computation of x (RMSNorm, SiLU, a residual add) into the loop and recomputes it once per output row.
 
-RowSumLinear uses this only while compiling and only for one row. Eagerly the broadcast product would be
-materialized, (N, K) floats, so there (and for several rows: a prefill, a verify pass, a batch) it is
+A few rows (a speculative verify pass of 2-8 tokens, a short prefill) take the same loop across rows:
+y[m] = (x[m] * W).sum(-1) for each of the M rows, M sums of one loop shape, which inductor runs as ONE loop
+over W with M accumulators (the generated code loads each vector of W once and multiplies it into all M
+rows), so W is streamed once for all M rows, where the library's few-row kernels were slow for these
+shapes: the course model's compiled 4-token verify pass cost 1.28-1.54 one-token steps instead of
+2.47-2.93, the 2-token one 1.08-1.29 instead of 2.35-3.07 (two runs, one thread, interleaved, 2-core AMD
+Zen 5 VM shared with other jobs). A whole T-token forward through the library's kernels took 2.0-2.2x as long at
+T = 6, 1.7x at 8, 1.3x at 12 and 1.06-1.09x at 16; above MAX_SUM_ROWS (8) the layer calls F.linear, as
+the gain shrinks while the generated code (and its cold compile) grows with M: the M sums of every
+product are unrolled, M x 25 of them in the course model's graph. The cold compile this adds, same VM
+loaded: the 2- and 4-token graphs 33-34 s each against 23-24 s with the library's kernels, an 8-token
+graph 68 s against 20 s (the one-token step: 52-55 s); from inductor's on-disk cache each loads in seconds.
+
+RowSumLinear uses all this only while compiling. Eagerly the broadcast product would be materialized,
+(N, K) floats, so there (and for more than MAX_SUM_ROWS rows: a long prefill, a big batch) it is
 F.linear over the same weight: equal to float rounding, the sums adding in another order.
-quantize/'s "fused_dequant" kernel is the same loop with a dequantization inside it.
+quantize/'s "fused_dequant" kernel is the one-row loop with a dequantization inside it; its layers are
+not nn.Linear, so this module leaves them as they are (their several-row products keep their kernels).
+
+Tried and not kept: a barrier inside the generated code in place of `materialized`'s extern call
+(prims.inductor_force_stride_order realizes the layer's input as a buffer of the generated kernel, and
+the step became one generated function with no extern call) made the course model's step 0.92x as
+fast (0.79 against 0.86 ms, interleaved, same logits), the 4-token verify pass 0.97-1.03x.
 
 Out of scope: GPUs (the graph becomes a Triton kernel there; FastGenerator keeps torch's kernel), and
-several rows at once (torch's library kernels are faster once the weight is reused across rows).
+many rows at once (torch's library kernels are faster once the weight is reused across many rows).
 """
 
 from __future__ import annotations
@@ -30,6 +49,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 ROW_SPLIT = 4  # output rows in this many blocks, one accumulator each (quantize/'s fused_dequant uses it too)
+MAX_SUM_ROWS = 8  # compiled products of up to this many rows are generated sums (see RowSumLinear)
 
 
 class _KnownFallback(logging.Filter):
@@ -70,11 +90,14 @@ class RowSumLinear(nn.Module):
 
     def forward(self, x):  # (..., K) -> (..., N)
         N, K = self.weight.shape
-        if x.numel() != K or not torch.compiler.is_compiling():  # several rows, or eager: the library kernel
+        M = x.numel() // K
+        if M > MAX_SUM_ROWS or not torch.compiler.is_compiling():  # many rows, or eager: the library kernel
             return F.linear(x, self.weight)
         lead = x.shape[:-1]
-        row = materialized(x).reshape(1, K)  # (1, K): computed once, not once per output row
+        rows = materialized(x).reshape(M, K)  # (M, K): computed once, not once per output row
+        if M > 1:  # one sum per row, one loop over W for all of them: M accumulators, no blocks needed
+            return torch.stack([(rows[m] * self.weight).sum(-1) for m in range(M)]).reshape(*lead, N)  # (M, N)
         R = row_split(N)
         n = N // R
-        blocks = [(row * self.weight[r * n : (r + 1) * n]).sum(-1) for r in range(R)]  # R x (n,)
+        blocks = [(rows * self.weight[r * n : (r + 1) * n]).sum(-1) for r in range(R)]  # R x (n,)
         return torch.cat(blocks).reshape(*lead, N)

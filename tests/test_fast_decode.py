@@ -381,22 +381,44 @@ def test_gemv_choice_is_checked(model):
 
 
 def test_row_sum_linear_is_nn_linear_eagerly_and_to_rounding_compiled():
-    # eagerly (and for several rows) exactly F.linear over the shared weight; compiled, one row is
-    # ROW_SPLIT generated sums over K, equal to float rounding
-    from helpers.row_sums import ROW_SPLIT, row_split
+    # eagerly exactly F.linear over the shared weight; compiled, one row is ROW_SPLIT generated sums over
+    # K and up to MAX_SUM_ROWS rows one sum per row, equal to float rounding; more rows take F.linear
+    from helpers.row_sums import MAX_SUM_ROWS, ROW_SPLIT, row_split
 
     g = torch.Generator().manual_seed(4)
     w = torch.randn(96, 64, generator=g)
     layer = RowSumLinear(w)
     assert layer.weight is w and row_split(96) == ROW_SPLIT and row_split(97) == 1
-    x1, x4 = torch.randn(1, 1, 64, generator=g), torch.randn(1, 4, 64, generator=g)
+    xs = [torch.randn(1, M, 64, generator=g) for M in (1, 4, MAX_SUM_ROWS, MAX_SUM_ROWS + 1)]
     with torch.no_grad():
-        assert torch.equal(layer(x1), torch.nn.functional.linear(x1, w))
-        assert torch.equal(layer(x4), torch.nn.functional.linear(x4, w))
+        for x in xs:
+            assert torch.equal(layer(x), torch.nn.functional.linear(x, w))
         if compile_available():
-            got = torch.compile(layer, fullgraph=True, dynamic=False)(x1)
-            assert got.shape == (1, 1, 96)
-            assert torch.allclose(got, torch.nn.functional.linear(x1, w), atol=1e-5, rtol=1e-5)
+            for x in xs:
+                got = torch.compile(layer, fullgraph=True, dynamic=False)(x)
+                assert got.shape == (*x.shape[:-1], 96)
+                assert torch.allclose(got, torch.nn.functional.linear(x, w), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not compile_available(), reason="torch.compile needs a C++ compiler on the CPU")
+def test_few_token_forward_multiplies_by_generated_sums(model):
+    """A compiled forward of up to MAX_SUM_ROWS tokens (a verify pass) calls no matrix-multiply kernel, one
+    of more tokens calls torch's; both give the eager static path's logits to float rounding."""
+    from helpers.measure.profiling import profile_step
+    from helpers.row_sums import MAX_SUM_ROWS
+
+    matmuls = {"aten::mm", "aten::addmm", "aten::matmul", "aten::linear", "aten::bmm"}
+    fast = FastGenerator(model, max_seq_len=64, cpp_wrapper=False)
+    fast.warmup(token_counts=(4, MAX_SUM_ROWS + 1))
+    for T, calls_library in ((4, False), (MAX_SUM_ROWS + 1, True)):
+        tokens, pos = torch.arange(3, 3 + T).view(1, T), torch.arange(T)
+        ops = set(profile_step(partial(fast.forward, tokens, pos), steps=2).ops)
+        assert bool(ops & matmuls) == calls_library, (T, ops & matmuls)
+        got = fast.forward(tokens, pos)  # (1, T, V)
+        cache = type(fast.cache).for_model(model, max_seq_len=64)
+        with torch.no_grad():
+            expected = model(tokens, cache=cache, input_pos=pos, check=False)  # (1, T, V)
+        assert (got - expected).abs().max() <= 1e-4 * expected.abs().max()
     with pytest.raises(ValueError, match="weight"):
         RowSumLinear(torch.randn(4))
 

@@ -63,8 +63,9 @@ class FusedRounds:
         self._temperature_value = 1.0
         # the round multiplies as the generators' own steps do: when both run inductor's autotuned GEMM
         # (opt-in, on frozen weights) so does the round, or its products would be the library's, slower
-        # than the plain step it is compared with; otherwise the weights stay inputs (library products;
-        # a frozen round without the GEMM loaded from the on-disk cache in 8-10 s, not ~2)
+        # than the plain step it is compared with; otherwise the weights stay inputs (the generators' own
+        # products: on a CPU by default the generated sums of row_sums.py, the verify pass's rows in one loop
+        # over each weight; a frozen round without the GEMM loaded from the on-disk cache in 8-10 s, not ~2)
         self.freeze = target.gemm_autotune and draft.gemm_autotune
         self.room = round_room(target, draft)  # a round needs n + gamma <= room
         self._fn = torch.compile(
