@@ -2,11 +2,11 @@
 
 Most serving steps are the same shape of work: every running request decodes one token. Run eagerly
 (model_runner.forward_step) such a step is about 380 torch calls (norms, rotations, residual adds, the
-cache writes, 25 matmuls, the views between them), each paying its dispatch, around matmuls of a few rows. Here that step is traced
-once by torch.compile into one graph. What is traced is the model's own forward (model.py,
-`Transformer.hidden`) with a cache view, `OpDecodeView`, whose layers attend through the custom op below:
-the same layer loop as every other path, only the attention and the cache writes are the view's.
-
+cache writes, 25 matmuls, the views between them), each paying its dispatch, around matmuls of a few
+rows. Here that step is traced once by torch.compile into one graph. What is traced is the model's own
+forward (model.py, `Transformer.hidden`) with a cache view, `OpDecodeView`, whose layers attend through
+the custom op below: the same layer loop as every other path, only the attention and the cache writes
+are the view's.
 
     step = compiled_step_for(model, "autotune")  # one per model, mode and process
     step.warmup(block_size=16)                   # compile now, on a scratch pool
