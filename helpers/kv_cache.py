@@ -49,7 +49,8 @@ class PositionalCache:
 
     The cache contract (every cache the model or the engine uses keeps it): the attention writes through
     `layer(i).update(start_pos, k, v)`; whoever ran the forward then calls `commit(end)` to say positions
-    [0, end) are filled; only the cache itself ever assigns `length`."""
+    [0, end) are filled; only the cache itself ever assigns `length`. (The serving engine's paged step view
+    keeps the same contract per sequence, its layers attending by themselves: serving/step_view.py.)"""
 
     length: int
     max_seq_len: int

@@ -2,12 +2,15 @@
 
 RMSNorm, rotary position embeddings (RoPE), grouped-query attention (GQA) with a configurable number
 of key/value heads, and a SwiGLU MLP; input embedding and output head share one matrix. The same
-`forward` runs in two modes:
+`forward` runs in three modes:
 
 - a whole sequence at once, with a causal mask (training, teacher forcing, prefill without a cache);
 - against a `KVCache` (see kv_cache.py): the new tokens' keys and values are written into the cache
   at their positions, and the new queries attend to everything cached so far (prefill, decode,
-  speculative verification).
+  speculative verification);
+- against a step view over a paged pool (serving/step_view.py): each token at its own position, and the
+  cache's `attend` writes the new keys/values and attends each sequence over its own. The serving engine's
+  steps, eager and compiled, run this same layer loop.
 
 The weights match HuggingFace's `LlamaForCausalLM` one for one (see hf.py), which the tests use as an
 oracle. Query/key/value projections are stored fused in one matrix, and so are the MLP's gate and up
@@ -173,7 +176,8 @@ class Attention(nn.Module):
     ):
         B, T, C = x.shape
         H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
-        q, k, v = self.wqkv(x).split(self.split_sizes, dim=-1)
+        rows = rowwise_of(layer_cache)
+        q, k, v = rows(self.wqkv, x).split(self.split_sizes, dim=-1)
         q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
         k = k.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
         v = v.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
@@ -191,6 +195,11 @@ class Attention(nn.Module):
                     q, layer_cache.k, layer_cache.v, attn_mask=static_mask, enable_gqa=Hkv != H
                 )  # (B, H, T, D)
             return self.wo(y.transpose(1, 2).reshape(B, T, H * D))
+        if hasattr(layer_cache, "attend"):
+            # a cache that attends by itself (the serving engine's step over a paged pool, serving/step_view.py):
+            # it writes the new keys/values where each sequence keeps them and attends each over its own
+            y = layer_cache.attend(q, k, v)  # (B, H, T, D)
+            return rows(self.wo, y.transpose(1, 2).reshape(B, T, H * D))
         if layer_cache is not None:
             # write the new keys/values at their positions, read back everything cached so far
             k, v = layer_cache.update(start_pos, k, v)  # (B, Hkv, start_pos + T, D)
@@ -247,8 +256,20 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x, cos, sin, layer_cache=None, start_pos=0, attn_window=None, causal=True, static_mask=None):
-        x = x + self.attn(self.attn_norm(x), cos, sin, layer_cache, start_pos, attn_window, causal, static_mask)
-        return x + self.mlp(self.mlp_norm(x))
+        rows = rowwise_of(layer_cache)
+        x = x + self.attn(rows(self.attn_norm, x), cos, sin, layer_cache, start_pos, attn_window, causal, static_mask)
+        return x + rows(self.mlp, rows(self.mlp_norm, x))
+
+
+def apply_module(module, x):
+    """module(x): how a block applies its row-wise modules unless its cache says otherwise (rowwise_of)."""
+    return module(x)
+
+
+def rowwise_of(layer_cache):
+    """How to apply a row-wise module (norm, projection, MLP) to (B, T, C) rows: the cache's `rowwise(module, x)`
+    where it has one (the serving engine's batch-invariant mode runs them on tiles of rows), else module(x)."""
+    return getattr(layer_cache, "rowwise", None) or apply_module
 
 
 class EmbeddedModel(nn.Module):
@@ -305,6 +326,8 @@ class Transformer(EmbeddedModel):
 
         cache:       a KVCache built for this model (checked: check_cache, below); the T tokens are placed
                      at positions start_pos .. start_pos+T-1 (start_pos defaults to the number already cached).
+                     Or a step view (serving/step_view.py: it has `positions`, one per token of idx (1, T)):
+                     each token takes its own position, and the view's layers attend each sequence over its own.
         attn_window: attend only to the last `attn_window` positions (sliding-window attention). A cache
                      whose slots imply a window (sliding_window.RollingKVCache: its `attn_window`) supplies
                      it when none is passed, and refuses a different one: its slots hold that many positions.
@@ -317,8 +340,39 @@ class Transformer(EmbeddedModel):
                      (torch.compile, CUDA graphs). Attends over the whole cache buffer with a mask and
                      leaves cache.length alone; the caller tracks positions.
         """
-        if input_pos is not None:
-            return self._forward_static(idx, cache, input_pos)
+        x = self.hidden(idx, cache, start_pos, attn_window, check, causal, input_pos)  # (B, T, C)
+        if last_only and input_pos is None:
+            x = x[:, -1:, :]  # (B, 1, C)
+        return self.head(self.norm(x))  # (B, T, V)
+
+    def hidden(self, idx, cache=None, start_pos=None, attn_window=None, check=True, causal=True, input_pos=None):
+        """forward up to the final norm: the last block's output (B, T, C). The serving engine calls it with a
+        step view and applies the norm and head to the rows it samples from only."""
+        static_mask = None
+        if getattr(cache, "positions", None) is not None:  # a step view: every token at its own position
+            cos, sin = self.rope_cos[cache.positions], self.rope_sin[cache.positions]  # (T, D)
+        elif input_pos is not None:
+            # static shapes: every shape fixed by (B, T) and the cache's size, none by the position, so one
+            # compiled graph (or one captured CUDA graph) serves every decode step
+            if cache is None:
+                raise ValueError("input_pos needs a cache")
+            S = cache.max_seq_len
+            static_mask = torch.arange(S, device=idx.device) <= input_pos.unsqueeze(1)  # (T, S): key j <= query pos
+            cos, sin, start_pos = self.rope_cos[input_pos], self.rope_sin[input_pos], input_pos  # (T, D)
+        else:
+            start_pos, attn_window = self.check_inputs(idx, cache, start_pos, attn_window, check)
+            cos = self.rope_cos[start_pos : start_pos + idx.shape[1]]  # (T, D)
+            sin = self.rope_sin[start_pos : start_pos + idx.shape[1]]
+        x = self.embed(idx)  # (B, T, C)
+        for i, layer in enumerate(self.layers):
+            layer_cache = cache.layer(i) if cache is not None else None
+            x = layer(x, cos, sin, layer_cache, start_pos, attn_window, causal, static_mask)
+        if isinstance(start_pos, int) and cache is not None:
+            cache.commit(start_pos + idx.shape[1])  # the cache owns its length
+        return x
+
+    def check_inputs(self, idx, cache, start_pos, attn_window, check) -> tuple[int, int | None]:
+        """Validate forward's arguments for a contiguous cache (or none); returns (start_pos, attn_window)."""
         if check:
             check_token_ids(idx, self.cfg.vocab_size)
         B, T = idx.shape
@@ -348,30 +402,7 @@ class Transformer(EmbeddedModel):
             raise ValueError(
                 f"sequence of {start_pos + T} tokens exceeds the context window max_seq_len={self.cfg.max_seq_len}"
             )
-        cos = self.rope_cos[start_pos : start_pos + T]  # (T, D)
-        sin = self.rope_sin[start_pos : start_pos + T]
-        x = self.embed(idx)  # (B, T, C)
-        for i, layer in enumerate(self.layers):
-            layer_cache = cache.layer(i) if cache is not None else None
-            x = layer(x, cos, sin, layer_cache, start_pos, attn_window, causal)
-        if cache is not None:
-            cache.commit(start_pos + T)  # the cache owns its length
-        if last_only:
-            x = x[:, -1:, :]  # (B, 1, C)
-        return self.head(self.norm(x))  # (B, T, V)
-
-    def _forward_static(self, idx, cache, input_pos):
-        """Every shape fixed by (B, T) and the cache's size, none by the position: one compiled graph
-        (or one captured CUDA graph) serves every decode step."""
-        if cache is None:
-            raise ValueError("input_pos needs a cache")
-        S = cache.max_seq_len
-        static_mask = torch.arange(S, device=idx.device) <= input_pos.unsqueeze(1)  # (T, S): key j <= query pos
-        cos, sin = self.rope_cos[input_pos], self.rope_sin[input_pos]  # (T, D)
-        x = self.embed(idx)  # (B, T, C)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache.layer(i), input_pos, None, True, static_mask)
-        return self.head(self.norm(x))  # (B, T, V)
+        return start_pos, attn_window
 
 
 def check_token_ids(idx, vocab_size: int, name: str = "idx", check_range: bool = True) -> None:

@@ -4,6 +4,7 @@ an OpenAI-compatible HTTP server over it (chapter 14).
     block_pool.py    which KV blocks are free, reference counts, prefix-cache hashes, LRU eviction
     paged_cache.py   the block-structured K/V tensors: write by slot, gather through a block table
     model_runner.py  one forward pass over a ragged batch (prefill chunks and decodes together)
+    step_view.py     that batch as a cache view the model's own forward takes: positions, attend per request
     paged_attention.py  decode attention read in place through the block tables (a small C kernel)
     row_tiles.py     batch-invariant matmuls: the row counts measured to give every row the same bits
     request.py       one request's state: tokens, blocks, sampling settings, timings

@@ -1,9 +1,12 @@
 """The engine's all-decode step compiled: one graph from token ids to logits, attention and cache writes inside.
 
 Most serving steps are the same shape of work: every running request decodes one token. Run eagerly
-(model_runner.forward_step) such a step is about 290 torch calls (norms, rotations, residual adds, the
-cache writes, 25 matmuls), each paying its dispatch, around matmuls of a few rows. Here that step is traced
-once by torch.compile into one graph:
+(model_runner.forward_step) such a step is about 380 torch calls (norms, rotations, residual adds, the
+cache writes, 25 matmuls, the views between them), each paying its dispatch, around matmuls of a few
+rows. Here that step is traced once by torch.compile into one graph. What is traced is the model's own
+forward (model.py, `Transformer.hidden`) with a cache view, `OpDecodeView`, whose layers attend through
+the custom op below: the same layer loop as every other path, only the attention and the cache writes
+are the view's.
 
     step = compiled_step_for(model, "autotune")  # one per model, mode and process
     step.warmup(block_size=16)                   # compile now, on a scratch pool
@@ -58,7 +61,6 @@ import weakref
 import torch
 
 from ..compiling import compile_options, guards_checked_once, use_course_compile_cache
-from ..model import apply_rope
 from .paged_attention import paged_decode_layer
 from .paged_cache import PagedKVCache
 
@@ -91,23 +93,50 @@ def _(q, k_new, v_new, k_pool, v_pool, slots, tables, lengths, layer, block_size
 paged_decode_op = torch.ops.llm_course.paged_decode
 
 
+class DecodeLayerView:
+    """Layer `index` of the compiled step's cache view: its attend is the custom op (the model's Attention calls it)."""
+
+    rowwise = None  # the model's default: each row-wise module on all the step's rows at once
+
+    def __init__(self, view: "OpDecodeView", index: int):
+        self.view, self.index = view, index
+
+    def attend(self, q, k, v):
+        """q (1, H, N, D), k, v (1, Hkv, N, D) -> (1, H, N, D): written into the pool, attended in place."""
+        w = self.view
+        k_new, v_new = k[0].transpose(0, 1), v[0].transpose(0, 1)  # (N, Hkv, D)
+        y = paged_decode_op(
+            q[0].transpose(0, 1),
+            k_new,
+            v_new,
+            w.k_pool,
+            w.v_pool,
+            w.slots,
+            w.tables,
+            w.lengths,
+            self.index,
+            w.block_size,
+        )  # (N, H, D)
+        return y.transpose(0, 1).unsqueeze(0)  # (1, H, N, D)
+
+
+class OpDecodeView:
+    """The all-decode step as a cache view for the model's forward (model.py): one token per request, at `positions`."""
+
+    def __init__(self, pos, slots, tables, k_pool, v_pool, block_size: int):
+        self.positions, self.slots, self.tables = pos, slots, tables  # (N,), (N,), (N, W)
+        self.lengths = pos + 1  # (N,) keys each request reads, its new one included
+        self.k_pool, self.v_pool, self.block_size = k_pool, v_pool, block_size
+
+    def layer(self, i: int) -> DecodeLayerView:
+        return DecodeLayerView(self, i)
+
+
 def decode_logits(model, tokens, pos, slots, tables, k_pool, v_pool, block_size: int) -> torch.Tensor:
-    """The all-decode step as traced: tokens, pos, slots (N,), tables (N, W) -> logits (N, V). The same
-    modules and arithmetic as model_runner.forward_step's decode path (tests compare the two)."""
-    cos, sin = model.rope_cos[pos].unsqueeze(1), model.rope_sin[pos].unsqueeze(1)  # (N, 1, D)
-    lengths = pos + 1  # (N,) keys each request reads, its new one included
-    x = model.embed(tokens)  # (N, C)
-    N = x.shape[0]
-    for layer_idx, layer in enumerate(model.layers):
-        attn = layer.attn
-        H, Hkv, D = attn.n_heads, attn.n_kv_heads, attn.head_dim
-        qkv = attn.wqkv(layer.attn_norm(x))  # (N, (H + 2 * Hkv) * D)
-        qk = apply_rope(qkv[:, : (H + Hkv) * D].view(N, H + Hkv, D), cos, sin)  # (N, H + Hkv, D)
-        q, k = qk[:, :H], qk[:, H:]  # (N, H, D), (N, Hkv, D)
-        v = qkv[:, (H + Hkv) * D :].view(N, Hkv, D)  # (N, Hkv, D)
-        y = paged_decode_op(q, k, v, k_pool, v_pool, slots, tables, lengths, layer_idx, block_size)  # (N, H, D)
-        x = x + attn.wo(y.reshape(N, H * D))
-        x = x + layer.mlp(layer.mlp_norm(x))
+    """The all-decode step as traced: tokens, pos, slots (N,), tables (N, W) -> logits (N, V). The model's own
+    forward (Transformer.hidden) over a view whose attention is the custom op (tests compare it with forward_step)."""
+    view = OpDecodeView(pos, slots, tables, k_pool, v_pool, block_size)
+    x = model.hidden(tokens.unsqueeze(0), view, check=False)[0]  # (N, C)
     return model.head(model.norm(x))  # (N, V)
 
 

@@ -51,12 +51,13 @@ from ..stopping import StopChecker
 from . import params
 from .block_pool import BlockPool
 from .compiled_step import compiled_step_for
-from .model_runner import DECODE_ATTENTION, SequenceChunk, default_decode_attention, forward_step
+from .model_runner import SequenceChunk, default_decode_attention, forward_step
 from .paged_cache import PagedKVCache
 from .request import FINISHED, Request
 from .row_tiles import invariant_widths
 from .scheduler import Scheduler
 from .static_scheduler import StaticScheduler
+from .step_view import DECODE_ATTENTION
 
 
 @dataclass

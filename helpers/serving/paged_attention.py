@@ -22,7 +22,7 @@ Why a C loop and not torch.compile or FlexAttention: measured with one thread on
 the whole pool compiled for 37 s and ran about 20x slower; the C loop ran at about the cost of SDPA over
 an already-dense cache. bench.py measures the step against both baselines on the machine at hand.
 
-Prefill chunks keep the gather path (model_runner.py): a chunk of T queries reads each key T times, so
+Prefill chunks keep the gather path (step_view.py): a chunk of T queries reads each key T times, so
 one O(S) copy is small next to the O(T * S) attention that follows and SDPA's blocked kernel does that
 part well; the copy that mattered is the per-step one of every decoding request.
 

@@ -16,7 +16,7 @@ the dense-copy baseline); decode attention reads the blocks in place instead (pa
 
 The cache contract of helpers/kv_cache.py, per sequence: the attention writes through `write`; whoever
 ran the forward then calls `commit(seq_id, end)` to say that sequence's positions [0, end) are filled
-(model_runner.forward_step does, for every chunk that names its sequence); `release(seq_id)` forgets a
+(step_view.PagedStepView.commit does, for every chunk that names its sequence); `release(seq_id)` forgets a
 sequence whose blocks went back to the pool. Only the cache assigns its `lengths`. The scheduler keeps
 its own count (`Request.num_computed`, what to compute next); tests/test_serving.py checks the two agree.
 
