@@ -3,6 +3,7 @@
     python -m helpers.serving.bench            # the sizes (several minutes on a 2-core CPU)
     python -m helpers.serving.bench --quick    # smaller workloads, about a minute
     python -m helpers.serving.bench --only batch_invariance   # one group of rows
+    python -m helpers.serving.bench --only goodput
 
 Rows (each a ratio measured in this run, next to the course's target):
   paged decode step, batch 32, 512 cached tokens each, blocks scattered at random: blocks read in place
@@ -337,20 +338,22 @@ def rows_goodput(model, tok, quick: bool) -> list[dict]:
     wl = make_workload(tok, n, rate=1.0, prompt_len=(16, 128), output_len=(16, 64), seed=5)
     service, tpot = sequential_service(model, wl)
     unit = 1 / service
-    factors = LOAD_FACTORS if quick else (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+    # steps of sqrt(2) from 0.5 to 16: a design's knee, and so its best goodput, is only as fine as the grid
+    # (with steps of 2, sequential's best goodput came out as 0.5x or 1x of its rate from one run to the next)
+    factors = LOAD_FACTORS if quick else tuple(2 ** (k / 2) for k in range(-2, 9))
     sweep = goodput_sweep(
         model, wl, [f * unit for f in factors], TTFT_TARGET_SERVICES * service, TPOT_TARGET_TPOTS * tpot
     )
 
     def knee(design):
         k = sweep.knee(design)
-        return "none" if k is None else f"{k / unit:g}x"
+        return "none" if k is None else f"{k / unit:.2g}x"
 
     base = sweep.best("sequential")
     stated = (
         f"TTFT <= {1e3 * sweep.ttft_target:.0f} ms, TPOT <= {1e3 * sweep.tpot_target:.1f} ms "
         f"({TTFT_TARGET_SERVICES} sequential services, {TPOT_TARGET_TPOTS} sequential TPOTs); best over load "
-        f"{', '.join(f'{f:g}' for f in factors)} x {unit:.1f} req/s; knee (>= 90% meet both) "
+        f"{', '.join(f'{f:.2g}' for f in factors)} x {unit:.1f} req/s; knee (>= 90% meet both) "
         f"sequential {knee('sequential')}"
     )
     return [
@@ -366,6 +369,9 @@ def rows_goodput(model, tok, quick: bool) -> list[dict]:
         )
         for design in list(sweep.runs)[1:]
     ]
+
+
+ONLY = {"batch_invariance": rows_batch_invariance, "goodput": rows_goodput}  # --only's groups of rows
 
 
 def serving_rows(model, tok, quick: bool = False) -> list[dict]:
@@ -385,11 +391,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", help="also write the rows to this file")
-    ap.add_argument("--only", choices=["batch_invariance"], help="run only these rows")
+    ap.add_argument("--only", choices=sorted(ONLY), help="run only these rows")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     model, tok = load_model("target")
-    rows = rows_batch_invariance(model, tok, args.quick) if args.only else serving_rows(model, tok, args.quick)
+    rows = ONLY[args.only](model, tok, args.quick) if args.only else serving_rows(model, tok, args.quick)
     for r in rows:
         goal = "" if r["target"] is None else f"target {r['target']:g}"
         same = "" if r["same_output"] is None else ("same tokens" if r["same_output"] else "tokens differ")
