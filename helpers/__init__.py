@@ -23,6 +23,7 @@ Modules, one job each (chapter in brackets). At the top, the inference code a le
                          dtype, device, the ModelConfig (CacheLayout.of(model))                   [05]
     sliding_window.py    a rolling KV cache; SinkKVCache keeps attention sinks                    [05, 08]
     fast_decode.py       a compiled, static-shape decode step (CUDA graphs on a GPU)              [07]
+    row_sums.py          its products of 1 to 8 rows as generated sums (CPU default)              [07, 12]
     compiling.py         torch.compile's plumbing for it: cache folder, options, warm-up          [07]
     export_gguf.py       python -m helpers.export_gguf: the course model as a GGUF file           [07]
     int8_kv.py           a KV cache stored as int8 codes, one scale per token and KV head         [08]
@@ -55,10 +56,10 @@ Three wings, each a folder with its own map in its __init__.py:
                          layer and attention maps, chapter 05's allocation simulator, exercises/
 
 How the modules depend on each other (A above B when A imports B; nothing imports upwards, no cycles).
-Counting each folder as one unit, the package, scripts/ and .ci/ make 36 units on 7 levels joined by 115
+Counting each folder as one unit, the package, scripts/ and .ci/ make 37 units on 7 levels joined by 119
 imports:
-    level 1  model, tokenizer, sampling, stopping, regex_automaton, nf4, device, processes, progress,
-             paths, cache_layout, options: import nothing of the package
+    level 1  model, tokenizer, sampling, stopping, regex_automaton, nf4, row_sums, device, processes,
+             progress, paths, cache_layout, options: import nothing of the package
     level 2  kv_cache (the cache contract: commit, truncate, reset), sliding_window, checkpoint, data,
              quantize/, grammar, hf, compiling
     level 3  generate, int8_kv, export_gguf, train_tokenizer, measure/
@@ -66,8 +67,8 @@ imports:
     level 5  speculative/, serving/
     level 6  course/
     level 7  bench/ (it times everything below it), scripts/
-The largest modules are serving/engine.py, model.py and fast_decode.py (420 to 450 lines each); speculative/, quantize/
-and bench/ are folders of modules under 330 lines. Inside the wings: course/ has one
+The largest modules are serving/engine.py, model.py and fast_decode.py (about 480 to 500 lines each);
+speculative/, quantize/ and bench/ are folders of modules under 330 lines. Inside the wings: course/ has one
 import between its modules (notebook setup uses plotting's style), parallel/ two (both parallel schemes
 load their model through workers), measure/ three (roofline times with timing; calibration uses both).
 """

@@ -245,9 +245,9 @@ class FastGenerator:
     ):
         use_course_compile_cache()  # the on-disk cache folder, set when the first generator is built
         self.model = model.eval()
-        # on a CPU, multiply single rows by sums that inductor generates (torch's kernel on request, over
-        # projections stored (in, out); several rows, as in prefill, keep nn.Linear's kernel and layout), and
-        # let the compiled step attend with explicit sums that inductor fuses: see the module docstring
+        # on a CPU, multiply 1 to 8 rows (compiled) by sums inductor generates, more by F.linear (row_sums.py;
+        # torch's kernel on request, over projections stored (in, out), several rows keeping nn.Linear's kernel
+        # and layout), and let the compiled step attend with explicit sums inductor fuses: see the module docstring
         on_cpu = model.device.type == "cpu"
         if gemv is None:  # naming a layout or the autotuned GEMM asks for torch's kernel
             gemv = "sums" if on_cpu and input_major is None and not gemm_autotune else "library"

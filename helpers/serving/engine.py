@@ -9,9 +9,10 @@
     engine.get(rid).output                                          # the generated ids
 
 Each step: the scheduler picks the requests and token counts (scheduler.py), the model runner computes
-them in one pass through the paged cache (model_runner.py), and each request whose last known token
-was computed gets its next token with its own sampling settings, seeded generator and logits
-processors (sampling.py), then its own stop conditions (stopping.StopChecker).
+them in one pass through the paged cache (model_runner.py; with `compile_step`, a step in which two or
+more requests each decode one token runs as one compiled graph where it applies: compiled_step.py), and
+each request whose last known token was computed gets its next token with its own sampling settings,
+seeded generator and logits processors (sampling.py), then its own stop conditions (stopping.StopChecker).
 
 Isolation: whatever goes wrong for one request (its logits processor or grammar raises or returns bad
 logits, its sampling fails, its stop criterion raises) fails that request alone: finish_reason "error",

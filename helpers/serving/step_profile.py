@@ -1,4 +1,5 @@
-"""Where a serving step's time goes: one decode step timed three ways, and an engine step taken apart.
+"""Where a serving step's time goes: one decode step timed three ways (four with it compiled), and an engine step
+taken apart.
 
     t = paged_step_seconds(model, batch=32, context=512)    # medians: in_place, gather, dense; gather_calls
     parts = step_breakdown(model, ids, batch=32)             # mean seconds per step, by part
@@ -10,9 +11,10 @@ into a dense copy first, and the dense `KVCache` batched step of the same shape 
 paging at all); with `compiled="autotune"` (or "library") also the in-place step compiled
 (compiled_step.py). It also counts the calls the in-place step makes to `PagedKVCache.gather` (0 by design).
 
-`step_breakdown` runs an engine on `batch` requests that all decode at once (prompts cut from `ids`),
-and returns `Engine.step_breakdown()` over the decode steps: scheduler, the step's index tensors,
-attention, the matmuls with the rest of the forward pass, sampling, and the engine's own bookkeeping.
+`step_breakdown` runs an engine on `batch` requests that all decode at once (prompts cut from `ids`; with
+`compile_step`, the engine's compiled step), and returns `Engine.step_breakdown()` over the decode steps:
+scheduler, the step's index tensors, attention, the matmuls with the rest of the forward pass, sampling, and
+the engine's own bookkeeping.
 
 Left out: the profiler's per-operator view (helpers/measure/profiling.py answers that question) and
 prefill-heavy steps (chunked prefill's cost is chapter 13's load-test question).
