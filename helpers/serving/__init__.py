@@ -15,6 +15,7 @@ an OpenAI-compatible HTTP server over it (chapter 14).
     engine.py        submit / step / cancel / metrics: the API a server is built on
     workload.py      synthetic workloads replayed through sequential, static and continuous serving
     goodput.py       one workload at rising load through four designs: TTFT, TPOT, goodput, the knee
+    baselines.py     what the bench sets the engine beside: FastGenerator one by one, transformers' batching
     bench.py         python -m helpers.serving.bench: the chapter's targets, measured
     step_profile.py  one decode step timed in place, gathered, dense and compiled; an engine step by part
     chat_template.py messages -> one prompt (the minimal template the chat endpoint uses)
