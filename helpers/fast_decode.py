@@ -30,20 +30,20 @@ importing this module does nothing), and a later process with the same model sha
 record beside the cache (`cold_compile_seconds`), so a run from the cache can still report them.
 
 On a CPU each one-row product of the compiled step is a sum that inductor generates (`gemv="sums"`,
-the default there; helpers/row_sums.py): y = (x * W).sum(-1) over nn.Linear's own (out, in) weight, cut
-into ROW_SPLIT blocks of output rows, becomes one vectorized C++ loop per product that streams W once
-with ROW_SPLIT independent accumulators. Torch's fp32 matrix-vector kernel read the weights at 0.64-0.72
-of the rate of a plain streaming sum over them, the generated loop at 1.0x of it (a 5632 x 1024 product,
-six weight copies, one thread, interleaved; 2-core AMD Zen 5 VM shared with other jobs). Over the whole
-step, interleaved on the same VM under load: the course model 1.33x faster than with torch's kernel
-(2.33 against 3.09 ms/token), the 149M random config (bench-150m) 1.30x (107 against 138 ms). That step
-read its weights at 0.88x of the read-only roof measured between its runs in a quiet window (torch's
-kernel: 0.58x; 0.99x and 0.59x loaded; `python -m helpers.bench --rows bandwidth`). It is ordinary
-generated code, no packed or copied weights, so inductor's graph cache keeps it: a new process loads the
-course model's step in 5-11 s (torch's kernel: 5-9 s); the cold compile took 35 s there. A verify pass of
-2-8 tokens is one such loop for all its rows (row_sums.MAX_SUM_ROWS); eagerly and for more rows, F.linear. The opt-in
-autotuned GEMM below was 1.06-1.26x faster still in the same runs, at 43 s of lowering in every new
-process. `gemv="library"` switches back to torch's kernel.
+the default there; helpers/row_sums.py), one vectorized C++ loop per product that streams the weights
+once. Since 2026-12-07 that loop reads a panel copy of each weight (16 outputs per register, x[k]
+broadcast; row_sums.panel_copy), 1.13-1.24x faster over the course model's step than sums along
+nn.Linear's own (out, in) rows, at the cost of a second copy of the projections (19 MB for the course
+model). Torch's fp32 matrix-vector kernel had read the weights at 0.64-0.72 of the rate of a plain
+streaming sum over them, the row sums at 1.0x of it (a 5632 x 1024 product, six weight copies, one thread,
+interleaved; 2-core AMD Zen 5 VM shared with other jobs); over the whole step, same VM under load, the row
+sums made the course model 1.33x faster than torch's kernel (2.33 against 3.09 ms/token), the 149M random
+config (bench-150m) 1.30x (107 against 138 ms). It is ordinary generated code, nothing packed, so
+inductor's graph cache keeps it: a new process loads the course model's step in 5-11 s (torch's kernel:
+5-9 s); the cold compile took 16-35 s there. A verify pass of 2-8 tokens is one such loop for all its rows,
+over W's rows (row_sums.MAX_SUM_ROWS); eagerly and for more rows, F.linear. The opt-in autotuned GEMM
+below, 1.06-1.26x faster than the row sums, is on par with the panels (1.19-1.23x in the same runs as
+1.17-1.24x), at 43 s of lowering in every new process. `gemv="library"` switches back to torch's kernel.
 
 With `gemv="library"` (the default on a GPU) the generator keeps each projection's weight transposed on a
 CPU, (in, out) and contiguous (`input_major_copy`): for a batch-1 step, torch's matrix-vector product over
@@ -180,7 +180,7 @@ def _share_tree(module: nn.Module) -> nn.Module:
 
 def decode_copy(model: nn.Module, *, input_major: bool, static_attention: str, gemv: str = "library") -> nn.Module:
     """The model FastGenerator decodes with: a tree sharing `model`'s tensors, whose bias-free nn.Linear
-    layers multiply one row as `gemv` says ("sums": RowSumLinear, the weight shared; "library": torch's
+    layers multiply one row as `gemv` says ("sums": RowSumLinear, over a panel copy; "library": torch's
     kernel, over a transposed copy if input_major) and whose attention modules attend with
     `static_attention` on the static path ("sdpa" or "sums", see model.attention_as_sums). `model` itself
     is not changed."""
@@ -221,8 +221,8 @@ def input_major_copy(model: nn.Module) -> nn.Module:
 
 
 def row_sums_copy(model: nn.Module) -> nn.Module:
-    """The model with every nn.Linear replaced by a RowSumLinear of the same weight (row_sums.py); nothing
-    is copied. Layers that are not nn.Linear (quantized ones, for example) are kept as they are."""
+    """The model with every nn.Linear replaced by a RowSumLinear of the same weight (row_sums.py; it adds
+    a panel copy for one row). Layers that are not nn.Linear (quantized ones, say) are kept as they are."""
     return _with_linears_as(model, RowSumLinear)
 
 

@@ -1,16 +1,37 @@
 """The batch-1 matrix-vector product written as a sum that torch.compile fuses into one loop per product.
 
 At batch 1 (one input row x, (1, K)) a projection's output is y[n] = sum_k x[k] W[n, k]. Written as
-elementwise work and a reduction, `(x * W).sum(-1)`, inductor generates one vectorized C++ loop that
-streams W once, row by row, accumulating in registers: no library call, no packed or transposed copy
-of the weights, so the generated code is an ordinary cacheable graph (inductor's FX graph cache keeps
-it across processes). Two details make that loop run at the speed of a plain sum over the weights:
+elementwise work and a reduction, inductor generates one vectorized C++ loop per product that streams the
+weights once, accumulating in registers: no library call and nothing packed at compile time, so the
+generated code is an ordinary cacheable graph (inductor's FX graph cache keeps it across processes).
 
-- the output rows are cut into ROW_SPLIT blocks, each its own sum: inductor runs sums of the same loop
-  shape in one loop with one accumulator each, so the CPU keeps ROW_SPLIT independent chains of
-  additions going instead of waiting on one;
-- the input row is `materialized` first (a copy inductor does not see into): otherwise inductor inlines
-  the computation of x (RMSNorm, SiLU, a residual add) into the loop and recomputes it once per output row.
+How the sum is written decides how fast that loop runs. Over nn.Linear's own (out, in) weight,
+`(x * W).sum(-1)`, each output is a sum along a row of W, 16 floats per register, closed by a sum across
+the register. One row takes a copy of W in panels instead (`panel_copy`, (N / PANEL, K, PANEL), each
+panel's K x 16 values contiguous), and the sum y[p, j] = sum_k x[k] Wp[p, k, j] puts 16 outputs in one
+register: each step of the loop over K broadcasts x[k] and adds x[k] times the next 16 contiguous
+weights. Two details:
+
+- the panels are cut into PANEL_BLOCKS blocks, each its own sum: inductor runs sums of the same loop
+  shape in one loop with one accumulator each, so the CPU keeps two independent chains of additions and
+  two weight streams going instead of one;
+- the input row is `realized` first, written to memory once inside the generated code: otherwise
+  inductor inlines the computation of x (RMSNorm, SiLU, a residual add) into the loop and recomputes it
+  once per panel. Unlike `materialized` below it is no call out of the generated code.
+
+Where the time went, measured by taking the parts apart: not mostly the sums across registers (more
+accumulators and shorter chains over W's rows bought nothing), but the weight streams and the extern
+copy: panels with the extern copy were 0.98-1.07x the row sums, the row sums with `realized` 1.04-1.13x,
+both together 1.13-1.24x.
+
+Measured, one thread, interleaved, same greedy tokens (2-core AMD Zen 5 VM): the course model's compiled
+step 1.13-1.24x faster with the panels than with sums over W's rows (six runs; on par with inductor's
+autotuned GEMM, 1.19-1.23x in two of them; 1.22x in a seventh, quiet), the 149M random config's
+1.04-1.15x (1.11x quiet). The cost is a second
+copy of every projection's weight (19 MB for the course model), read instead of the first by the
+one-row step. Where N is not a multiple of PANEL * PANEL_BLOCKS the layer sums over W's rows, in
+ROW_SPLIT blocks of output rows, after `materialized` (an extern copy; `realized` there was once
+measured 0.92x as fast, on another layout).
 
 A few rows (a speculative verify pass of 2-8 tokens, a short prefill) take the same loop across rows:
 y[m] = (x[m] * W).sum(-1) for each of the M rows, M sums of one loop shape, which inductor runs as ONE loop
@@ -31,10 +52,9 @@ F.linear over the same weight: equal to float rounding, the sums adding in anoth
 quantize/'s "fused_dequant" kernel is the one-row loop with a dequantization inside it; its layers are
 not nn.Linear, so this module leaves them as they are (their several-row products keep their kernels).
 
-Tried and not kept: a barrier inside the generated code in place of `materialized`'s extern call
-(prims.inductor_force_stride_order realizes the layer's input as a buffer of the generated kernel, and
-the step became one generated function with no extern call) made the course model's step 0.92x as
-fast (0.79 against 0.86 ms, interleaved, same logits), the 4-token verify pass 0.97-1.03x.
+Tried and not kept, for the one-row layout: sums over a plain transposed copy (K, N) (inductor vectorizes
+along N, but each step of the loop over K jumps a whole row of the copy: 0.39-0.74x the row sums on four
+of the course model's five product shapes), panels of 64, 4 or 8 blocks, and no barrier (0.99-1.02x).
 
 Out of scope: GPUs (the graph becomes a Triton kernel there; FastGenerator keeps torch's kernel), and
 many rows at once (torch's library kernels are faster once the weight is reused across many rows).
@@ -50,6 +70,8 @@ import torch.nn.functional as F
 
 ROW_SPLIT = 4  # output rows in this many blocks, one accumulator each (quantize/'s fused_dequant uses it too)
 MAX_SUM_ROWS = 8  # compiled products of up to this many rows are generated sums (see RowSumLinear)
+PANEL = 16  # output rows per panel of the one-row layout: one AVX-512 register of float32
+PANEL_BLOCKS = 2  # the panels in this many blocks, one sum each: two weight streams, two accumulators
 
 
 class _KnownFallback(logging.Filter):
@@ -78,15 +100,35 @@ def row_split(n_out: int) -> int:
     return ROW_SPLIT if n_out % ROW_SPLIT == 0 else 1
 
 
-class RowSumLinear(nn.Module):
-    """nn.Linear(W) without bias whose one-row product, compiled, is ROW_SPLIT sums over K (see the module
-    docstring). The weight is nn.Linear's own (out, in) parameter, shared, not copied."""
+def panel_copy(weight: torch.Tensor) -> torch.Tensor:
+    """W (N, K) as panels of PANEL output rows, (N // PANEL, K, PANEL), each panel's K x PANEL values
+    contiguous: panel p, row k holds W[p * PANEL : (p + 1) * PANEL, k]. A copy, cut from the graph."""
+    N, K = weight.shape
+    return weight.detach().t().reshape(K, N // PANEL, PANEL).permute(1, 0, 2).contiguous()
 
-    def __init__(self, weight: torch.Tensor):
+
+def realized(row: torch.Tensor) -> torch.Tensor:
+    """The one input row (K,) as a buffer of the generated code: computed once, like `materialized`, but
+    with no call out of the generated code (prims.inductor_force_stride_order, a layout constraint that
+    inductor meets by writing the row to memory)."""
+    return torch.ops.prims.inductor_force_stride_order(row, (1,))
+
+
+class RowSumLinear(nn.Module):
+    """nn.Linear(W) without bias whose compiled products of one to MAX_SUM_ROWS rows are sums inductor
+    generates (see the module docstring). One row reads a panel copy of W (`panels`, when N is a multiple
+    of PANEL * PANEL_BLOCKS; else ROW_SPLIT blocks over W itself); several rows and eager calls read the
+    (out, in) weight, nn.Linear's own parameter, shared."""
+
+    def __init__(self, weight: torch.Tensor, panels: bool = True):
         super().__init__()
         if weight.dim() != 2:
             raise ValueError(f"weight must be (out_features, in_features); got shape {tuple(weight.shape)}")
         self.weight = weight  # (N, K)
+        N, K = weight.shape
+        self.panels = None  # (N // PANEL, K, PANEL) or None
+        if panels and N % (PANEL * PANEL_BLOCKS) == 0:  # a parameter so that freezing makes it a constant
+            self.panels = nn.Parameter(panel_copy(weight), requires_grad=False)
 
     def forward(self, x):  # (..., K) -> (..., N)
         N, K = self.weight.shape
@@ -94,6 +136,14 @@ class RowSumLinear(nn.Module):
         if M > MAX_SUM_ROWS or not torch.compiler.is_compiling():  # many rows, or eager: the library kernel
             return F.linear(x, self.weight)
         lead = x.shape[:-1]
+        if M == 1 and self.panels is not None:
+            # y[p, j] = sum_k x[k] Wp[p, k, j]: PANEL outputs in one vector register, x[k] broadcast, so no
+            # sum across a register per output; the panels in PANEL_BLOCKS blocks, one loop, one stream each
+            row = realized(x.reshape(K)).reshape(1, K, 1)  # (1, K, 1): computed once
+            P = N // PANEL
+            p = P // PANEL_BLOCKS
+            blocks = [(row * self.panels[b * p : (b + 1) * p]).sum(1) for b in range(PANEL_BLOCKS)]  # (p, PANEL)
+            return torch.cat(blocks).reshape(*lead, N)
         rows = materialized(x).reshape(M, K)  # (M, K): computed once, not once per output row
         if M > 1:  # one sum per row, one loop over W for all of them: M accumulators, no blocks needed
             return torch.stack([(rows[m] * self.weight).sum(-1) for m in range(M)]).reshape(*lead, N)  # (M, N)

@@ -303,7 +303,9 @@ def test_frozen_weights_are_constants_of_the_compiled_step(model):
     fast = FastGenerator(model, max_seq_len=48)
     fast.warmup()
     assert fast.compiled
-    step_weights = [m.weight for m in fast.decode_model.modules() if isinstance(m, RowSumLinear)]
+    # what the one-row step reads: each layer's panel copy (row_sums.py), else its own weight
+    layers = [m for m in fast.decode_model.modules() if isinstance(m, RowSumLinear)]
+    step_weights = [m.weight if m.panels is None else m.panels for m in layers]
     step_weights += [fast.decode_model.embed.weight, fast.decode_model.norm.weight]
     assert len(step_weights) > 2 and all(is_frozen_param(w) for w in step_weights)  # constants, not inputs
     plain = FastGenerator(model, max_seq_len=48, freeze=False, gemv="library")
@@ -381,23 +383,30 @@ def test_gemv_choice_is_checked(model):
 
 
 def test_row_sum_linear_is_nn_linear_eagerly_and_to_rounding_compiled():
-    # eagerly exactly F.linear over the shared weight; compiled, one row is ROW_SPLIT generated sums over
-    # K and up to MAX_SUM_ROWS rows one sum per row, equal to float rounding; more rows take F.linear
-    from helpers.row_sums import MAX_SUM_ROWS, ROW_SPLIT, row_split
+    # eagerly exactly F.linear over the shared weight; compiled, one row is generated sums over a panel copy
+    # (or, when N is not a multiple of PANEL * PANEL_BLOCKS, ROW_SPLIT sums over W) and up to MAX_SUM_ROWS
+    # rows one sum per row, equal to float rounding; more rows take F.linear
+    from helpers.row_sums import MAX_SUM_ROWS, PANEL, PANEL_BLOCKS, ROW_SPLIT, panel_copy, row_split
 
     g = torch.Generator().manual_seed(4)
     w = torch.randn(96, 64, generator=g)
     layer = RowSumLinear(w)
     assert layer.weight is w and row_split(96) == ROW_SPLIT and row_split(97) == 1
+    assert layer.panels.shape == (96 // PANEL, 64, PANEL) and not layer.panels.requires_grad
+    p, k, j = 5, 17, 3
+    assert layer.panels[p, k, j] == w[p * PANEL + j, k] and torch.equal(layer.panels, panel_copy(w))
+    odd = RowSumLinear(torch.randn(PANEL * PANEL_BLOCKS + PANEL, 64, generator=g))  # 48 rows: no panel copy
+    assert odd.panels is None and RowSumLinear(w, panels=False).panels is None
     xs = [torch.randn(1, M, 64, generator=g) for M in (1, 4, MAX_SUM_ROWS, MAX_SUM_ROWS + 1)]
     with torch.no_grad():
-        for x in xs:
-            assert torch.equal(layer(x), torch.nn.functional.linear(x, w))
-        if compile_available():
+        for lin in (layer, odd):
             for x in xs:
-                got = torch.compile(layer, fullgraph=True, dynamic=False)(x)
-                assert got.shape == (*x.shape[:-1], 96)
-                assert torch.allclose(got, torch.nn.functional.linear(x, w), atol=1e-5, rtol=1e-5)
+                assert torch.equal(lin(x), torch.nn.functional.linear(x, lin.weight))
+            if compile_available():
+                for x in xs:
+                    got = torch.compile(lin, fullgraph=True, dynamic=False)(x)
+                    assert got.shape == (*x.shape[:-1], lin.weight.shape[0])
+                    assert torch.allclose(got, torch.nn.functional.linear(x, lin.weight), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.skipif(not compile_available(), reason="torch.compile needs a C++ compiler on the CPU")
