@@ -27,17 +27,17 @@ both together 1.13-1.24x.
 Measured, one thread, interleaved, same greedy tokens (2-core AMD Zen 5 VM): the course model's compiled
 step 1.13-1.24x faster with the panels than with sums over W's rows (six runs; on par with inductor's
 autotuned GEMM, 1.19-1.23x in two of them; 1.22x in a seventh, quiet), the 149M random config's
-1.04-1.15x (1.11x quiet). The cost is a second
-copy of every projection's weight (19 MB for the course model), read instead of the first by the
-one-row step. Where N is not a multiple of PANEL * PANEL_BLOCKS the layer sums over W's rows, in
+1.04-1.15x (1.11x quiet). The cost is a second copy of every projection's weight (19 MB for the course
+model), read instead of the first by the compiled few-row products. Where N is not a multiple of PANEL * PANEL_BLOCKS the layer sums over W's rows, in
 ROW_SPLIT blocks of output rows, after `materialized` (an extern copy; `realized` there was once
 measured 0.92x as fast, on another layout).
 
-A few rows (a speculative verify pass of 2-8 tokens, a short prefill) take the same loop across rows:
-y[m] = (x[m] * W).sum(-1) for each of the M rows, M sums of one loop shape, which inductor runs as ONE loop
-over W with M accumulators (the generated code loads each vector of W once and multiplies it into all M
-rows), so W is streamed once for all M rows, where the library's few-row kernels were slow for these
-shapes: the course model's compiled 4-token verify pass cost 1.28-1.54 one-token steps instead of
+A few rows (a speculative verify pass of 2-8 tokens, a short prefill) take the same loop across rows,
+one sum per row, M sums of one loop shape, which inductor runs as ONE loop over the weights with M
+accumulators (the generated code loads each vector of weights once and multiplies it into all M rows), so
+the weights are streamed once for all M rows. Over the panels the course model's 4-token verify pass
+took 0.85 ms where the same sums over W's rows took 1.03 (1.44 against 1.68 one-token steps of each
+generator; quiet, interleaved). Before both, the library's few-row kernels were slow for these shapes: the course model's compiled 4-token verify pass cost 1.28-1.54 one-token steps instead of
 2.47-2.93, the 2-token one 1.08-1.29 instead of 2.35-3.07 (two runs, one thread, interleaved, 2-core AMD
 Zen 5 VM shared with other jobs). A whole T-token forward through the library's kernels took 2.0-2.2x as long at
 T = 6, 1.7x at 8, 1.3x at 12 and 1.06-1.09x at 16; above MAX_SUM_ROWS (8) the layer calls F.linear, as
@@ -107,18 +107,18 @@ def panel_copy(weight: torch.Tensor) -> torch.Tensor:
     return weight.detach().t().reshape(K, N // PANEL, PANEL).permute(1, 0, 2).contiguous()
 
 
-def realized(row: torch.Tensor) -> torch.Tensor:
-    """The one input row (K,) as a buffer of the generated code: computed once, like `materialized`, but
+def realized(rows: torch.Tensor) -> torch.Tensor:
+    """The input rows (M, K) as a buffer of the generated code: computed once, like `materialized`, but
     with no call out of the generated code (prims.inductor_force_stride_order, a layout constraint that
-    inductor meets by writing the row to memory)."""
-    return torch.ops.prims.inductor_force_stride_order(row, (1,))
+    inductor meets by writing the rows to memory)."""
+    return torch.ops.prims.inductor_force_stride_order(rows, (rows.shape[-1], 1))
 
 
 class RowSumLinear(nn.Module):
     """nn.Linear(W) without bias whose compiled products of one to MAX_SUM_ROWS rows are sums inductor
-    generates (see the module docstring). One row reads a panel copy of W (`panels`, when N is a multiple
-    of PANEL * PANEL_BLOCKS; else ROW_SPLIT blocks over W itself); several rows and eager calls read the
-    (out, in) weight, nn.Linear's own parameter, shared."""
+    generates (see the module docstring), over a panel copy of W (`panels`, when N is a multiple of
+    PANEL * PANEL_BLOCKS; else over W itself); more rows and eager calls take F.linear over the (out, in)
+    weight, nn.Linear's own parameter, shared."""
 
     def __init__(self, weight: torch.Tensor, panels: bool = True):
         super().__init__()
@@ -136,10 +136,15 @@ class RowSumLinear(nn.Module):
         if M > MAX_SUM_ROWS or not torch.compiler.is_compiling():  # many rows, or eager: the library kernel
             return F.linear(x, self.weight)
         lead = x.shape[:-1]
-        if M == 1 and self.panels is not None:
+        if self.panels is not None:
             # y[p, j] = sum_k x[k] Wp[p, k, j]: PANEL outputs in one vector register, x[k] broadcast, so no
-            # sum across a register per output; the panels in PANEL_BLOCKS blocks, one loop, one stream each
-            row = realized(x.reshape(K)).reshape(1, K, 1)  # (1, K, 1): computed once
+            # sum across a register per output; one row: the panels in PANEL_BLOCKS blocks, one stream each;
+            # M rows: one sum per row, all M in one loop over the panels (each weight vector read once)
+            rows = realized(x.reshape(M, K))  # (M, K): computed once
+            if M > 1:
+                sums = [(rows[m].reshape(1, K, 1) * self.panels).sum(1).reshape(N) for m in range(M)]
+                return torch.stack(sums).reshape(*lead, N)  # (..., N)
+            row = rows.reshape(1, K, 1)
             P = N // PANEL
             p = P // PANEL_BLOCKS
             blocks = [(row * self.panels[b * p : (b + 1) * p]).sum(1) for b in range(PANEL_BLOCKS)]  # (p, PANEL)
