@@ -24,27 +24,28 @@ accumulators and shorter chains over W's rows bought nothing), but the weight st
 copy: panels with the extern copy were 0.98-1.07x the row sums, the row sums with `realized` 1.04-1.13x,
 both together 1.13-1.24x.
 
-Measured, one thread, interleaved, same greedy tokens (2-core AMD Zen 5 VM): the course model's compiled
-step 1.13-1.24x faster with the panels than with sums over W's rows (six runs; on par with inductor's
-autotuned GEMM, 1.19-1.23x in two of them; 1.22x in a seventh, quiet), the 149M random config's
-1.04-1.15x (1.11x quiet). The cost is a second copy of every projection's weight (19 MB for the course
-model), read instead of the first by the compiled few-row products. Where N is not a multiple of PANEL * PANEL_BLOCKS the layer sums over W's rows, in
-ROW_SPLIT blocks of output rows, after `materialized` (an extern copy; `realized` there was once
-measured 0.92x as fast, on another layout).
+Measured, one thread, interleaved, same greedy tokens (2-core AMD Zen 5 VM): the course model's compiled step
+1.13-1.24x faster with the panels than with sums over W's rows (six runs; on par with inductor's autotuned
+GEMM, 1.19-1.23x in two of them; 1.22x in a seventh, quiet), the 149M random config's 1.04-1.15x (1.11x
+quiet). The cost is a second copy of every projection's weight (19 MB for the course model), read instead of
+the first by the compiled few-row products. Where N is not a multiple of PANEL * PANEL_BLOCKS the layer sums
+over W's rows, in ROW_SPLIT blocks of output rows, after `materialized` (an extern copy; `realized` there was
+once measured 0.92x as fast, on another layout).
 
-A few rows (a speculative verify pass of 2-8 tokens, a short prefill) take the same loop across rows,
-one sum per row, M sums of one loop shape, which inductor runs as ONE loop over the weights with M
-accumulators (the generated code loads each vector of weights once and multiplies it into all M rows), so
-the weights are streamed once for all M rows. Over the panels the course model's 4-token verify pass
-took 0.85 ms where the same sums over W's rows took 1.03 (1.44 against 1.68 one-token steps of each
-generator; quiet, interleaved). Before both, the library's few-row kernels were slow for these shapes: the course model's compiled 4-token verify pass cost 1.28-1.54 one-token steps instead of
-2.47-2.93, the 2-token one 1.08-1.29 instead of 2.35-3.07 (two runs, one thread, interleaved, 2-core AMD
-Zen 5 VM shared with other jobs). A whole T-token forward through the library's kernels took 2.0-2.2x as long at
-T = 6, 1.7x at 8, 1.3x at 12 and 1.06-1.09x at 16; above MAX_SUM_ROWS (8) the layer calls F.linear, as
-the gain shrinks while the generated code (and its cold compile) grows with M: the M sums of every
-product are unrolled, M x 25 of them in the course model's graph. The cold compile this adds, same VM
-loaded: the 2- and 4-token graphs 33-34 s each against 23-24 s with the library's kernels, an 8-token
-graph 68 s against 20 s (the one-token step: 52-55 s); from inductor's on-disk cache each loads in seconds.
+A few rows (a speculative verify pass of 2-8 tokens, a short prefill) take the same loop across rows, one sum
+per row, M sums of one loop shape, which inductor runs as ONE loop over the weights with M accumulators (the
+generated code loads each vector of weights once and multiplies it into all M rows), so the weights are
+streamed once for all M rows. Over the panels the course model's 4-token verify pass took 0.85 ms where the
+same sums over W's rows took 1.03 (1.44 against 1.68 one-token steps of each generator; quiet, interleaved).
+Before both, the library's few-row kernels were slow for these shapes: the course model's compiled 4-token
+verify pass cost 1.28-1.54 one-token steps instead of 2.47-2.93, the 2-token one 1.08-1.29 instead of
+2.35-3.07 (two runs, one thread, interleaved, 2-core AMD Zen 5 VM shared with other jobs). A whole T-token
+forward through the library's kernels took 2.0-2.2x as long at T = 6, 1.7x at 8, 1.3x at 12 and 1.06-1.09x at
+16; above MAX_SUM_ROWS (8) the layer calls F.linear, as the gain shrinks while the generated code (and its
+cold compile) grows with M: the M sums of every product are unrolled, M x 25 of them in the course model's
+graph. The cold compile this adds, same VM loaded: the 2- and 4-token graphs 33-34 s each against 23-24 s with
+the library's kernels, an 8-token graph 68 s against 20 s (the one-token step: 52-55 s); from inductor's
+on-disk cache each loads in seconds.
 
 RowSumLinear uses all this only while compiling. Eagerly the broadcast product would be materialized,
 (N, K) floats, so there (and for more than MAX_SUM_ROWS rows: a long prefill, a big batch) it is
