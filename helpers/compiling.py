@@ -85,15 +85,22 @@ def remember_cold_compile(key: str, seconds: float) -> None:
         pass  # a read-only cache folder: nothing to remember, nothing lost
 
 
-def compile_options(mode: str | None, *, cpp_wrapper: bool, freeze: bool, gemm_autotune: bool = False) -> dict:
+def compile_options(
+    mode: str | None, *, cpp_wrapper: bool, freeze: bool, gemm_autotune: bool = False, pooled: bool = False
+) -> dict:
     """torch.compile's keyword arguments for a static decode graph (one fixed shape, the whole graph).
 
     gemm_autotune (with freeze): prepack the frozen weights and let inductor time its own generated C++
     matmul (its CPU GEMM template) against the library's call for each product, keeping the faster (see
-    the module docstring for what it buys and costs)."""
+    the module docstring for what it buys and costs).
+    pooled (with cpp_wrapper): inductor's memory planning, one allocation a call for all intermediate
+    buffers instead of one each (a quantized course-model step allocated and freed ~100 small buffers:
+    a quarter of its time in malloc and free, measured with perf)."""
     options = {}
     if cpp_wrapper:
         options["cpp_wrapper"] = True
+        if pooled:
+            options["memory_planning"] = True
     if freeze:  # constants, not inputs; without the autotuned template, prepacking alone was slower
         options.update({"freezing": True, "cpp.weight_prepack": gemm_autotune})
         if gemm_autotune:  # quietly: no table of timings per product on stderr
@@ -110,10 +117,29 @@ def compile_options(mode: str | None, *, cpp_wrapper: bool, freeze: bool, gemm_a
     return dict(mode=None if options else mode, fullgraph=True, dynamic=False, options=options or None)
 
 
-def warm_compiled(fn, args, caches, slots: int, freeze: bool) -> tuple[Exception | None, float, bool]:
+@contextlib.contextmanager
+def conversions_kept():
+    """While a frozen graph compiles: inductor's constant folding leaves dtype conversions of the weights
+    in the graph. By default it folds them ahead of time, which turns quantize/'s int8 codes and 16-bit
+    weights back into float32 constants (four or two times the bytes each step reads); kept, they run in
+    the generated loop that multiplies. Inductor's list of ops not to fold is global: this clears it on
+    exit (nothing else in the course fills it)."""
+    from torch._inductor import constant_folding
+
+    constant_folding.add_dont_constant_fold(torch.ops.prims.convert_element_type.default)
+    try:
+        yield
+    finally:
+        constant_folding.clear_dont_constant_fold()
+
+
+def warm_compiled(
+    fn, args, caches, slots: int, freeze: bool, keep_conversions: bool = False
+) -> tuple[Exception | None, float, bool]:
     """Call a compiled fn(*args) twice, so that it compiles (CUDA graphs record on a later call than the
     first), keeping the first `slots` positions of each KVCache in `caches` as they were (the call writes
-    them). Returns (the error if it failed, else None; seconds; whether inductor's cache missed: cold)."""
+    them); keep_conversions (with freeze): compile under conversions_kept(). Returns (the error if it failed,
+    else None; seconds; whether inductor's cache missed: cold)."""
     saved = [(c.k[:, :, :, :slots].clone(), c.v[:, :, :, :slots].clone()) for c in caches]
     _, misses = inductor_cache_counts()
     t0 = time.perf_counter()
@@ -121,8 +147,9 @@ def warm_compiled(fn, args, caches, slots: int, freeze: bool) -> tuple[Exception
     # dynamo reads inductor's freezing flag itself while tracing (it then treats the weights as
     # constants, not inputs), so the flag must be set around the calls that trace, not only in options
     freezing = torch._inductor.config.patch(freezing=True) if freeze else contextlib.nullcontext()
+    kept = conversions_kept() if freeze and keep_conversions else contextlib.nullcontext()
     try:
-        with freezing, warnings.catch_warnings():
+        with freezing, kept, warnings.catch_warnings():
             # inductor's autotuner reads a weight through the deprecated TypedStorage: not the caller's concern
             warnings.filterwarnings("ignore", message="TypedStorage is deprecated")
             for _ in range(2):

@@ -16,7 +16,8 @@ Size max_seq_len to the longest generation you need: every step attends over the
 a 1,024-token buffer made the course model's step 1.8x slower than one of 288 (CPU, one thread).
 
 `fast.generate` is helpers.generate's own loop (stop conditions, logits processors, sampling; not the
-penalties) with the compiled step as its `step`; only the prompt's prefill runs eagerly. Plain greedy
+penalties) with the compiled step as its `step`; the prompt's prefill runs eagerly, except a short prompt
+of a "fused_dequant" model, which goes through the compiled step one token at a time (`_prefill`). Plain greedy
 generation (no stop condition, processor or progress bar) feeds the argmax the step's graph returns back
 in as the next token: the course model 1.19-1.32x faster than through that loop (BENCHMARKS.md).
 Tokens are the same as `generate`'s (the tests check greedy equality); logits agree to float rounding,
@@ -70,8 +71,14 @@ position, the cache) instead of 55 through torch.compile's wrappers (gemv="libra
 weight prepacking (a freezing pass that swaps each matmul for a packed library call) is turned off: it
 made the step 0.87x.
 The weights are fixed when the step compiles: build a new generator after changing the model.
-Only a model whose tensors all have its own dtype is frozen by default: inductor folds constants
-ahead of time, which turned quantize/'s int8 codes and 16-bit weights back into float32 weights.
+A quantized model is frozen by default when all its quantized layers use quantize/'s "fused_dequant"
+kernel, with inductor's constant folding kept off their dtype conversions (compiling.conversions_kept):
+folded ahead of time, they turned the int8 codes and 16-bit weights back into float32 weights. Other
+quantized kernels (torch's int8pack and int4pack, fbgemm's dynamic) keep their weights as graph inputs.
+Every CPU graph but the autotuned one also pools its intermediate buffers (compile_options' `pooled`).
+Frozen, pooled and with their input rows realized in the generated code (not copied by an extern call),
+the course model's int8 and bf16 steps ran 1.16x and 1.19x faster (21 interleaved blocks, same tokens,
+one thread, AMD Zen 5); pooling alone made the fp32 step 1.08x faster.
 
 Opt-in on a CPU, `gemm_autotune=True` (frozen weights, torch's kernels: gemv="library"): inductor prepacks
 the weights and times, for every product, its own generated C++ GEMM (its CPU GEMM template) against the
@@ -101,8 +108,6 @@ import os
 import warnings
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
 from .compiling import (  # noqa: F401 (re-exported: chapters, tests and scripts import them from here)
     compile_options,
@@ -114,16 +119,17 @@ from .compiling import (  # noqa: F401 (re-exported: chapters, tests and scripts
     use_course_compile_cache,
     warm_compiled,
 )
+from .decode_copy import GEMVS, InputMajorLinear, decode_copy, float_weights_only, input_major_copy, row_sums_copy  # noqa: F401 (re-exported)
 from .generate import generate as generate_loop
-from .generate import prefill, prepare_generation
+from .generate import prefill, prefill_by_steps, prepare_generation
 from .kv_cache import KVCache
-from .model import Attention
 from .options import keyword_options
-from .row_sums import RowSumLinear
+from .quantize.linear import QuantizedLinear
 from .sampling import check_logits
 from .stopping import stop_checker
 
-GEMVS = ("sums", "library")  # how a compiled batch-1 step multiplies one row by a projection (see the docstring)
+# the longest prompt a generator of a "fused_dequant" model prefills one token at a time (see _prefill)
+PREFILL_BY_STEPS = 6
 
 
 def compile_available() -> bool:
@@ -131,99 +137,6 @@ def compile_available() -> bool:
     import shutil
 
     return shutil.which(os.environ.get("CXX", "g++")) is not None or shutil.which("c++") is not None
-
-
-class InputMajorLinear(nn.Module):
-    """nn.Linear(W) without bias, that multiplies a single row by a transposed copy of W.
-
-    One row (a batch-1 decode step): y = x @ weight_t, weight_t = W.T stored contiguous, (in, out): on a
-    CPU torch's matrix-vector kernel over this layout is the faster one (see the module docstring).
-    Several rows (a verify pass over a few tokens, a batch, a prefill): y = x @ W.T over nn.Linear's own
-    (out, in) weight, shared, not copied: for 2 to 8 rows MKL's kernels over (out, in) ran 1.2x to 2.4x
-    faster than over (in, out) for the course model's projections with AVX-512 (2 and 4 rows with AVX2:
-    1.5x to 1.7x; with SSE4.2 only, 1.3x to 1.6x slower). Either way the same product as nn.Linear(W),
-    summed in another order, so equal to float rounding."""
-
-    def __init__(self, weight: torch.Tensor):
-        super().__init__()
-        self.weight = weight  # (out, in): nn.Linear's parameter itself, for several rows
-        self.weight_t = nn.Parameter(weight.detach().t().contiguous(), requires_grad=False)  # (in, out)
-
-    def forward(self, x):  # (..., in) -> (..., out)
-        K = x.shape[-1]
-        if x.numel() != K:  # several rows
-            return F.linear(x, self.weight)
-        if torch.compiler.is_compiling() and x.is_contiguous():
-            # inductor hands a (1, in) activation to the matmul with stride 0 on its size-1 dimension, and
-            # the CPU BLAS path copies such an input before multiplying (19 copies a step for the course
-            # model); the same row with plain strides is not copied (~3% of the step, interleaved)
-            row = x.as_strided((1, K), (K, 1))  # (1, in): x's own memory, plain strides
-            return (row @ self.weight_t).view(*x.shape[:-1], self.weight_t.shape[1])  # (..., out)
-        return x @ self.weight_t
-
-
-def _float_weights(model: nn.Module) -> bool:
-    """True when every parameter and buffer is in the model's own float dtype: no int8/int4 codes and no
-    16-bit weights of an fp32 model from quantize/ (freezing would fold their conversion into fp32)."""
-    return all(t.dtype == model.dtype for t in [*model.parameters(), *model.buffers()])
-
-
-def _share_tree(module: nn.Module) -> nn.Module:
-    """A copy of the module tree that shares every parameter and buffer (no tensor is copied), so that
-    submodules can be swapped in the copy without touching the original."""
-    twin = object.__new__(type(module))
-    twin.__dict__ = dict(module.__dict__)
-    twin._parameters, twin._buffers = dict(module._parameters), dict(module._buffers)
-    twin._modules = {name: _share_tree(child) for name, child in module._modules.items()}
-    return twin
-
-
-def decode_copy(model: nn.Module, *, input_major: bool, static_attention: str, gemv: str = "library") -> nn.Module:
-    """The model FastGenerator decodes with: a tree sharing `model`'s tensors, whose bias-free nn.Linear
-    layers multiply one row as `gemv` says ("sums": RowSumLinear, over a panel copy; "library": torch's
-    kernel, over a transposed copy if input_major) and whose attention modules attend with
-    `static_attention` on the static path ("sdpa" or "sums", see model.attention_as_sums). `model` itself
-    is not changed."""
-    if static_attention not in ("sdpa", "sums"):
-        raise ValueError(f"static_attention must be 'sdpa' or 'sums'; got {static_attention!r}")
-    if gemv not in GEMVS:
-        raise ValueError(f"gemv must be one of {GEMVS}; got {gemv!r}")
-    if gemv == "sums" and input_major:
-        raise ValueError(
-            "input_major is a layout for torch's kernel (gemv='library'); gemv='sums' reads "
-            "nn.Linear's own (out, in) weight"
-        )
-    if gemv == "sums":
-        twin = row_sums_copy(model)
-    else:
-        twin = input_major_copy(model) if input_major else _share_tree(model)
-    for module in twin.modules():
-        if isinstance(module, Attention):
-            module.static_attention = static_attention
-    return twin
-
-
-def _with_linears_as(model: nn.Module, layer) -> nn.Module:
-    """The model with every bias-free nn.Linear replaced by layer(its weight); the rest is shared."""
-    twin = _share_tree(model)
-    for parent in twin.modules():
-        for name, child in parent._modules.items():
-            if type(child) is nn.Linear and child.bias is None:
-                parent._modules[name] = layer(child.weight)
-    return twin
-
-
-def input_major_copy(model: nn.Module) -> nn.Module:
-    """The model with every nn.Linear replaced by an InputMajorLinear of the same weight; embeddings,
-    norms and RoPE tables are shared with `model`, the projections are copied (transposed). Layers that
-    are not nn.Linear (quantized ones, for example) are kept as they are."""
-    return _with_linears_as(model, InputMajorLinear)
-
-
-def row_sums_copy(model: nn.Module) -> nn.Module:
-    """The model with every nn.Linear replaced by a RowSumLinear of the same weight (row_sums.py; it adds
-    a panel copy for one row). Layers that are not nn.Linear (quantized ones, say) are kept as they are."""
-    return _with_linears_as(model, RowSumLinear)
 
 
 class FastGenerator:
@@ -265,7 +178,14 @@ class FastGenerator:
         self.compile_source = "not compiled (compile=False)"
         # on a CPU, the Python around the kernels goes too: C++ drives them, the weights are compiled in
         self.cpp_wrapper = on_cpu if cpp_wrapper is None else cpp_wrapper
-        self.freeze = (on_cpu and _float_weights(self.decode_model)) if freeze is None else freeze
+        # quantize/'s "fused_dequant" layers are frozen too, their dtype conversions kept out of constant
+        # folding (compiling.conversions_kept); other quantized kernels keep their weights as inputs
+        quantized = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
+        one_row = any(m.kernel == "fused_dequant" for m in quantized)
+        float_only = float_weights_only(self.decode_model)
+        freezable = float_only or all(m.kernel == "fused_dequant" for m in quantized)
+        self.freeze = (on_cpu and freezable) if freeze is None else freeze
+        self._keep_conversions = not float_only
         self.gemm_autotune = bool(gemm_autotune)
         if self.gemm_autotune and not on_cpu:
             raise ValueError("gemm_autotune is inductor's CPU GEMM template: it runs on a CPU only")
@@ -284,7 +204,11 @@ class FastGenerator:
                 torch._dynamo.mark_static_address(self.cache.k)
                 torch._dynamo.mark_static_address(self.cache.v)
             self._compile_options = compile_options(
-                mode, cpp_wrapper=self.cpp_wrapper, freeze=self.freeze, gemm_autotune=self.gemm_autotune
+                mode,
+                cpp_wrapper=self.cpp_wrapper,
+                freeze=self.freeze,
+                gemm_autotune=self.gemm_autotune,
+                pooled=not self.gemm_autotune,
             )
             step = torch.compile(self._static_step, **self._compile_options)
         self.mode = mode
@@ -292,6 +216,9 @@ class FastGenerator:
         self._want_compile = compile and compile_available()  # (bound methods are new objects: never test `is`)
         self._forwards: dict[int, object] = {}  # T > 1 -> its compiled static forward (warmup(token_counts=...))
         self.compile_seconds_by_tokens: dict[int, float] = {}  # T -> seconds its warm-up took
+        # "fused_dequant" layers multiply several rows by dequantizing the whole weight on every call: there
+        # a short prompt costs fewer compiled steps than one eager prefill (_prefill)
+        self.prefill_steps = PREFILL_BY_STEPS if one_row else 0  # prompts up to this long: one step a token
 
     def compile_key(self, tokens: int = 1) -> str:
         """What decides the generated code: model shapes, buffer size, batch, dtype, device, options, torch,
@@ -301,8 +228,9 @@ class FastGenerator:
             f"{m.cfg.to_dict()} B={self.cache.batch_size} S={self.cache.max_seq_len} {m.dtype} {m.device.type} "
             f"mode={self.mode} cpp_wrapper={self.cpp_wrapper} input_major={self.input_major} "
             f"{'gemv=sums ' if self.gemv == 'sums' else ''}"
-            f"{'freeze ' if self.freeze else ''}{'gemm_autotune ' if self.gemm_autotune else ''}"
+            f"{'freeze ' if self.freeze else ''}{'gemm_autotune ' if self.gemm_autotune else 'pooled '}"
             f"{'' if self.static_attention == 'sdpa' else 'attention=' + self.static_attention + ' '}"
+            f"{'quantization=' + str(m.quantization) + ' ' if hasattr(m, 'quantization') else ''}"
             f"torch={torch.__version__}"
         )
         if tokens != 1:
@@ -379,7 +307,8 @@ class FastGenerator:
         Returns the error if it failed, else None."""
         token = torch.zeros(self.cache.batch_size, tokens, dtype=torch.long, device=self.model.device)
         pos = torch.arange(tokens, device=self.model.device)
-        error, seconds, cold = warm_compiled(fn, (token, pos), [self.cache], tokens, self.freeze)
+        args = (token, pos), [self.cache], tokens, self.freeze, self._keep_conversions
+        error, seconds, cold = warm_compiled(fn, *args)
         self.compile_seconds += seconds
         self.compile_seconds_by_tokens[tokens] = seconds
         if error is None and cold:  # a cold compile: remember how long it took
@@ -427,11 +356,12 @@ class FastGenerator:
     def generate(self, prompt, max_new_tokens: int, **options) -> torch.Tensor:
         """helpers.generate's loop (its stop conditions, logits processors and sampling; penalties excepted)
         on this generator's cache, with the compiled step as its step: (B, T + n_new) token ids. The
-        prompt's prefill runs eagerly (its shape depends on the prompt).
+        prompt's prefill runs eagerly (its shape depends on the prompt), or through the step (_prefill).
 
         options: helpers.generate's keywords (temperature, sampling, generator, eos_id, stop_sequences,
-        stop_criteria, logits_processors, progress), with its defaults; not cache or step (this generator's)."""
-        o = keyword_options(generate_loop, options, leave_out=("cache", "step"))
+        stop_criteria, logits_processors, progress), with its defaults; not cache, step or prefill (this
+        generator's)."""
+        o = keyword_options(generate_loop, options, leave_out=("cache", "step", "prefill"))
         prompt, sampling = prepare_generation(
             self.model, prompt, max_new_tokens, o.sampling, o.temperature, o.generator
         )
@@ -450,15 +380,27 @@ class FastGenerator:
         if sampling.greedy and stop is None and not o.logits_processors and not o.progress and max_new_tokens:
             return self._generate_greedy(prompt, max_new_tokens)
         with contextlib.ExitStack() as later_steps:
-            loop_options = {**vars(o), "sampling": sampling, "cache": self.cache, "step": self._loop_step(later_steps)}
+            hooks = {"cache": self.cache, "step": self._loop_step(later_steps), "prefill": self._prefill}
+            loop_options = {**vars(o), "sampling": sampling, **hooks}
             return generate_loop(self.decode_model, prompt, max_new_tokens, **loop_options)
+
+    def _prefill(self, model, prompt: torch.Tensor, cache) -> torch.Tensor:
+        """generate's prefill here: one eager forward over the prompt, or, for a prompt of at most
+        `prefill_steps` tokens once the step is compiled, that many compiled steps (generate.prefill_by_steps).
+        With "fused_dequant" layers an eager forward over several rows dequantizes every weight (their
+        "reference" path): six prompt tokens cost 6 to 21 compiled steps so, course model and 149M config in
+        every such format (one thread, AMD Zen 5). PREFILL_BY_STEPS is the smallest of those."""
+        if not self.compiled or prompt.shape[1] > self.prefill_steps:
+            return prefill(model, prompt, cache)  # (B, V)
+        with contextlib.ExitStack() as later_steps:
+            return prefill_by_steps(model, prompt, cache, self._loop_step(later_steps))  # (B, V)
 
     def _generate_greedy(self, prompt: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
         """generate's loop for plain greedy decoding (no stop condition, processor or progress bar): each
         step's in-graph argmax is the next step's token, gathered once at the end; one host read a step
         (the finite-logits flag: bad logits raise as in generate's loop). The same tokens."""
         T = prompt.shape[1]
-        logits = prefill(self.decode_model, prompt, self.cache)  # (B, V), eager, as in generate's loop
+        logits = self._prefill(self.decode_model, prompt, self.cache)  # (B, V), as in generate's loop
         check_logits(logits)
         tokens = [prompt, logits.argmax(dim=-1, keepdim=True)]  # (B, T), then (B, 1) per new token
         pos = torch.zeros(1, dtype=torch.long, device=self.model.device)  # (1,)

@@ -78,6 +78,20 @@ def prefill(model, prompt: torch.Tensor, cache: KVCache) -> torch.Tensor:
     return model(prompt, cache=cache, start_pos=0, last_only=True, check=False)[:, -1, :]
 
 
+def prefill_by_steps(model, prompt: torch.Tensor, cache: KVCache, step) -> torch.Tensor:
+    """prefill through a one-token decode step, `step(model, token (B, 1), cache) -> (B, V)` (generate's `step`),
+    one prompt position at a time: T calls instead of one forward over T rows. It pays where the step is
+    compiled and a forward over a few rows is slow: a quantized model whose several-row product dequantizes
+    every weight on each call (FastGenerator prefills short prompts so). Same logits to float rounding."""
+    check_token_ids(prompt, model.cfg.vocab_size, name="prompt")
+    check_cache(cache, model)
+    cache.reset()
+    columns = prompt.t().contiguous()  # (T, B): position t as a (B, 1) view with plain strides
+    for t in range(prompt.shape[1]):
+        logits = step(model, columns[t].view(-1, 1), cache)  # (B, V)
+    return logits
+
+
 @torch.no_grad()
 def decode_one_token(model, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
     """One token (B, 1) at position cache.length; writes its K/V into the cache. Returns (B, V) logits."""
@@ -134,6 +148,7 @@ def generate(
     stop_criteria=(),
     logits_processors=(),
     step=None,
+    prefill=prefill,
 ) -> torch.Tensor:
     """Generate up to max_new_tokens after `prompt` with a KV cache. Returns (B, T + n_new) ids.
 
@@ -147,6 +162,8 @@ def generate(
     step:              the decode step, `step(model, token (B, 1), cache) -> (B, V) logits`; default
                        decode_one_token. Another step (a compiled one, one for another cache) reuses
                        this loop and all its stop conditions and processors.
+    prefill:           the prompt's pass, `prefill(model, prompt, cache) -> (B, V)` last-position logits, filling
+                       cache positions 0..T-1; default one forward over the prompt (generate.prefill).
     """
     prompt, sampling = prepare_generation(model, prompt, max_new_tokens, sampling, temperature, generator)
     B, T = prompt.shape
@@ -203,7 +220,7 @@ def generate_without_cache(model, prompt, max_new_tokens: int, **options) -> tor
 
     options: generate()'s keywords (temperature, sampling, generator, eos_id, stop_sequences, stop_criteria,
     progress), with its defaults; not cache, step or logits_processors."""
-    o = keyword_options(generate, options, leave_out=("cache", "step", "logits_processors"))
+    o = keyword_options(generate, options, leave_out=("cache", "step", "logits_processors", "prefill"))
     prompt, sampling = prepare_generation(model, prompt, max_new_tokens, o.sampling, o.temperature, o.generator)
     B, T = prompt.shape
     stop = stop_checker(B, o.eos_id, o.stop_sequences, o.stop_criteria)

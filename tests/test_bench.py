@@ -32,7 +32,7 @@ def test_rows_flag_picks_groups_and_refuses_unknown_ones(capsys):
 def test_every_format_has_a_llama_cpp_partner_of_the_same_bits():
     assert {f: t for f, (_, _, t) in FORMATS.items()} == {
         "fp32": "f32",
-        "bf16 weights": "f16",
+        "fp16 weights": "f16",
         "int8": "q8_0",
         "int4": "q4_0",
     }

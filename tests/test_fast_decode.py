@@ -283,15 +283,17 @@ def test_compiled_batch_of_two_equals_generate(model):
     assert torch.equal(out[1:], generate(model, prompt[1:], 30))  # row 1 alone: the same tokens
 
 
-def test_cpu_defaults_freeze_float_weights_only(model):
+def test_cpu_defaults_freeze_float_and_fused_dequant_weights(model):
     from helpers.quantize import quantize_model
 
     fast = FastGenerator(model, compile=False)
     assert fast.cpp_wrapper and fast.freeze  # the defaults on a CPU
-    # quantized codes are not frozen: constant folding would turn them back into float weights
+    # torch's int8 kernel (int8pack, int8's default on a CPU) keeps its weights as inputs
     assert not FastGenerator(quantize_model(model, "int8"), compile=False).freeze
-    # nor are bf16 weights in an fp32 model (folding would widen them); a model all in bf16 is frozen
-    assert not FastGenerator(quantize_model(model, "bf16"), compile=False).freeze
+    # "fused_dequant" layers (bf16's default) are frozen, their conversions kept out of constant folding
+    # (test_quantize.py's test_frozen_step_reads_the_codes); so is a model all in bf16
+    assert FastGenerator(quantize_model(model, "bf16"), compile=False).freeze
+    assert FastGenerator(quantize_model(model, "int8", kernel="fused_dequant"), compile=False).freeze
     assert FastGenerator(copy.deepcopy(model).to(torch.bfloat16), compile=False).freeze
     assert not FastGenerator(model, compile=False, freeze=False, cpp_wrapper=False).freeze
 

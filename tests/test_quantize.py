@@ -17,11 +17,15 @@ Tolerances, and why:
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn as nn
 from conftest import random_model
+from torch._inductor.utils import run_and_get_code
 
+from helpers.compiling import conversions_kept
 from helpers.fast_decode import FastGenerator, compile_available
 from helpers.generate import decode_one_token, generate, prefill
 from helpers.kv_cache import KVCache
@@ -239,13 +243,13 @@ def test_fused_dequant_single_row_matches_reference(method, N, K, group_size):
 @pytest.mark.skipif(not compile_available(), reason="torch.compile needs a C++ compiler on the CPU")
 def test_fused_dequant_compiled_matches_reference(tiny_model):
     """The compiled batch-1 step of an int8, an int4 and a bf16-weight model (where the kernel is meant to
-    run) gives the reference kernel's greedy tokens and logits to float rounding; none is frozen (folding
-    would turn their weights back into float32 constants)."""
+    run) gives the reference kernel's greedy tokens and logits to float rounding; each is frozen, its
+    conversions kept (test_frozen_step_reads_the_codes), and a short prompt is prefilled by steps."""
     prompt = torch.tensor([[1, 2, 3, 4]])
     for method in ("int8", "int4", "bf16"):
         ref = quantize_model(tiny_model, method, 32, kernel="reference")
         fast = FastGenerator(quantize_model(tiny_model, method, 32, kernel="fused_dequant"), max_seq_len=24)
-        assert not fast.freeze
+        assert fast.freeze and fast.prefill_steps >= prompt.shape[1]
         assert fast.warmup() > 0 and fast.compiled
         assert torch.equal(fast.generate(prompt, 12), generate(ref, prompt, 12))
         with torch.no_grad():
@@ -255,6 +259,21 @@ def test_fused_dequant_compiled_matches_reference(tiny_model):
             expected = decode_one_token(ref, torch.tensor([[5]]), ref_cache)  # (1, V)
         got = fast.step(torch.tensor([[5]]), torch.tensor([4]))
         assert (got - expected).abs().max() <= 1e-4 * expected.abs().max()
+
+
+@pytest.mark.skipif(not compile_available(), reason="torch.compile needs a C++ compiler on the CPU")
+@pytest.mark.parametrize("kept", [True, False])
+def test_frozen_step_reads_the_codes(kept):
+    """Frozen under compiling.conversions_kept, an int8 layer's generated code reads its int8 codes; frozen
+    without it, constant folding has turned them into float32 weights (no int8 left in the code)."""
+    layer = QuantizedLinear(torch.randn(64, 64), "int8", kernel="fused_dequant").eval()
+    x = torch.randn(1, 64)
+    fn = torch.compile(layer, options={"freezing": True, "fx_graph_cache": False})
+    with torch.no_grad(), torch._inductor.config.patch(freezing=True):
+        with conversions_kept() if kept else contextlib.nullcontext():
+            out, code = run_and_get_code(fn, x)
+    assert ("int8_t" in "\n".join(code)) == kept
+    assert (out - layer(x)).abs().max() <= 1e-5 * out.abs().max()
 
 
 DYNAMIC = "dynamic" in available_kernels("int8", "cpu")

@@ -6,7 +6,7 @@ Each of our formats is paired with the llama.cpp format of the same bits per wei
 
     ours                                        llama.cpp
     fp32, compiled step (FastGenerator)         f32
-    bf16 weights, fp32 arithmetic, compiled     f16    (16 bits per weight; the checkpoint is f16-exact)
+    fp16 weights, fp32 arithmetic, compiled     f16    (the same 16-bit values: the checkpoint is f16-exact)
     int8 weight-only, one scale per row         q8_0   (8 bits + a 16-bit scale per 32 weights)
     int4 weight-only, group 64, scale + zero    q4_0   (4 bits + a 16-bit scale per 32 weights)
 
@@ -38,11 +38,11 @@ from .rows import Row, ratios
 # our format -> (quantize_model method or None, kernel, llama.cpp file type)
 FORMATS = {
     "fp32": (None, None, "f32"),
-    "bf16 weights": ("bf16", "fused_dequant", "f16"),
+    "fp16 weights": ("fp16", "fused_dequant", "f16"),
     "int8": ("int8", "fused_dequant", "q8_0"),
     "int4": ("int4", "int4pack", "q4_0"),
 }
-TARGETS = {"fp32": 1.0, "bf16 weights": 1.0, "int8": 1.0, "int4": 1.0}  # issue 35: at least llama.cpp's speed
+TARGETS = {"fp32": 1.0, "fp16 weights": 1.0, "int8": 1.0, "int4": 1.0}  # issue 35: at least llama.cpp's speed
 PREFILL_TARGET = 0.8
 
 

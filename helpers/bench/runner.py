@@ -21,7 +21,7 @@ rows accepting in lockstep) against plain batched decoding of the same B prompts
 Rows for chapter 07: what each lever of the compiled step buys (inductor's C++ wrapper, the buffer sized
 to the generation, prefill's share of the time), the compiled step against its roofline ceiling, bf16
 against fp32 (all-bf16 eager, and bf16 / fp16 weights with fp32 arithmetic in the compiled step).
-Rows against llama.cpp on the same weights, every format (fp32 / f32, bf16 weights / f16, int8 / q8_0,
+Rows against llama.cpp on the same weights, every format (fp32 / f32, fp16 weights / f16, int8 / q8_0,
 int4 / q4_0; decode, 512-token prefill, quality) when llama-cpp-python is installed (`pip install -r
 requirements-ci.txt`: it builds llama.cpp from source, about 10-12 minutes on 2 cores; CI installs it).
 Rows for chapter 13 come from helpers/serving/bench.py (continuous vs sequential and

@@ -64,7 +64,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..row_sums import materialized
+from ..row_sums import realized
 from . import arithmetic  # the functions by hand and the tables of formats and kernels, each named where used
 from .dynamic import dynamic_weight_bits, prepack_dynamic
 
@@ -251,9 +251,9 @@ class QuantizedLinear(nn.Module):
         shape one loop with an accumulator each, so the CPU runs ROW_SPLIT independent chains of
         additions at once instead of waiting on one (a single sum's loop ran at about half the speed)."""
         lead, N = x.shape[:-1], self.out_features
-        if torch.compiler.is_compiling():
-            x = materialized(x)  # (..., K): computed once, not once per output row
         x = x.reshape(1, self.in_features)  # (1, K)
+        if torch.compiler.is_compiling():
+            x = realized(x)  # (1, K): computed once, not once per output row
         R = arithmetic.ROW_SPLIT if N % arithmetic.ROW_SPLIT == 0 else 1
         n = N // R
         blocks = [self._fused_dequant_rows(x, slice(r * n, (r + 1) * n)) for r in range(R)]  # R x (n,)
