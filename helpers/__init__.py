@@ -23,6 +23,7 @@ Modules, one job each (chapter in brackets). At the top, the inference code a le
                          dtype, device, the ModelConfig (CacheLayout.of(model))                   [05]
     sliding_window.py    a rolling KV cache; SinkKVCache keeps attention sinks                    [05, 08]
     fast_decode.py       a compiled, static-shape decode step (CUDA graphs on a GPU)              [07]
+    decode_copy.py       the copy of a model that step runs: each projection's layout             [07]
     row_sums.py          its products of 1 to 8 rows as generated sums (CPU default)              [07, 12]
     compiling.py         torch.compile's plumbing for it: cache folder, options, warm-up          [07]
     export_gguf.py       python -m helpers.export_gguf: the course model as a GGUF file           [07]
@@ -61,7 +62,7 @@ imports:
     level 1  model, tokenizer, sampling, stopping, regex_automaton, nf4, row_sums, device, processes,
              progress, paths, cache_layout, options: import nothing of the package
     level 2  kv_cache (the cache contract: commit, truncate, reset), sliding_window, checkpoint, data,
-             quantize/, grammar, hf, compiling
+             quantize/, grammar, hf, compiling, decode_copy
     level 3  generate, int8_kv, export_gguf, train_tokenizer, measure/
     level 4  fast_decode, beam_search, token_healing, train, parallel/, this file
     level 5  speculative/, serving/

@@ -75,7 +75,7 @@ A quantized model is frozen by default when all its quantized layers use quantiz
 kernel, with inductor's constant folding kept off their dtype conversions (compiling.conversions_kept):
 folded ahead of time, they turned the int8 codes and 16-bit weights back into float32 weights. Other
 quantized kernels (torch's int8pack and int4pack, fbgemm's dynamic) keep their weights as graph inputs.
-Every CPU graph but the autotuned one also pools its intermediate buffers (compile_options' `pooled`).
+Every CPU graph also pools its intermediate buffers (compile_options' `pooled`).
 Frozen, pooled and with their input rows realized in the generated code (not copied by an extern call),
 the course model's int8 and bf16 steps ran 1.16x and 1.19x faster (21 interleaved blocks, same tokens,
 one thread, AMD Zen 5); pooling alone made the fp32 step 1.08x faster.
@@ -204,11 +204,7 @@ class FastGenerator:
                 torch._dynamo.mark_static_address(self.cache.k)
                 torch._dynamo.mark_static_address(self.cache.v)
             self._compile_options = compile_options(
-                mode,
-                cpp_wrapper=self.cpp_wrapper,
-                freeze=self.freeze,
-                gemm_autotune=self.gemm_autotune,
-                pooled=not self.gemm_autotune,
+                mode, cpp_wrapper=self.cpp_wrapper, freeze=self.freeze, gemm_autotune=self.gemm_autotune, pooled=True
             )
             step = torch.compile(self._static_step, **self._compile_options)
         self.mode = mode
@@ -228,7 +224,7 @@ class FastGenerator:
             f"{m.cfg.to_dict()} B={self.cache.batch_size} S={self.cache.max_seq_len} {m.dtype} {m.device.type} "
             f"mode={self.mode} cpp_wrapper={self.cpp_wrapper} input_major={self.input_major} "
             f"{'gemv=sums ' if self.gemv == 'sums' else ''}"
-            f"{'freeze ' if self.freeze else ''}{'gemm_autotune ' if self.gemm_autotune else 'pooled '}"
+            f"{'freeze ' if self.freeze else ''}{'gemm_autotune ' if self.gemm_autotune else ''}pooled "
             f"{'' if self.static_attention == 'sdpa' else 'attention=' + self.static_attention + ' '}"
             f"{'quantization=' + str(m.quantization) + ' ' if hasattr(m, 'quantization') else ''}"
             f"torch={torch.__version__}"

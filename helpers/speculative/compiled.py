@@ -71,7 +71,11 @@ class FusedRounds:
         self._fn = torch.compile(
             self._sampled_round if sampled else self._greedy_round,
             **compile_options(
-                target.mode, cpp_wrapper=target.cpp_wrapper, freeze=self.freeze, gemm_autotune=self.freeze
+                target.mode,
+                cpp_wrapper=target.cpp_wrapper,
+                freeze=self.freeze,
+                gemm_autotune=self.freeze,
+                pooled=True,  # as the generators' own graphs
             ),
         )
         self.compiled = False

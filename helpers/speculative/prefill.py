@@ -45,7 +45,11 @@ class FusedPrefill:
         self._fn = torch.compile(
             self._prefill,
             **compile_options(
-                target.mode, cpp_wrapper=target.cpp_wrapper, freeze=self.freeze, gemm_autotune=self.freeze
+                target.mode,
+                cpp_wrapper=target.cpp_wrapper,
+                freeze=self.freeze,
+                gemm_autotune=self.freeze,
+                pooled=True,  # as the generators' own graphs
             ),
         )
         self.compiled = False
