@@ -13,10 +13,10 @@ import weakref
 
 import torch
 
-from ..fast_decode import FastGenerator, compile_options, warm_compiled
+from ..fast_decode import FastGenerator, warm_compiled
 from ..sampling import SamplingConfig, apply_temperature, sample_from_uniform
 from .loop import DEFAULT_COMPILED_GAMMA
-from .prefill import fused_prefill
+from .prefill import compiled_for_pair, fused_prefill
 from .rule import acceptance, check_gamma, check_sampling, greedy_accept
 
 
@@ -66,18 +66,8 @@ class FusedRounds:
         # than the plain step it is compared with; otherwise the weights stay inputs (the generators' own
         # products: on a CPU by default the generated sums of row_sums.py, the verify pass's rows in one loop
         # over each weight; a frozen round without the GEMM loaded from the on-disk cache in 8-10 s, not ~2)
-        self.freeze = target.gemm_autotune and draft.gemm_autotune
         self.room = round_room(target, draft)  # a round needs n + gamma <= room
-        self._fn = torch.compile(
-            self._sampled_round if sampled else self._greedy_round,
-            **compile_options(
-                target.mode,
-                cpp_wrapper=target.cpp_wrapper,
-                freeze=self.freeze,
-                gemm_autotune=self.freeze,
-                pooled=True,  # as the generators' own graphs
-            ),
-        )
+        self._fn, self.freeze = compiled_for_pair(self._sampled_round if sampled else self._greedy_round, target, draft)
         self.compiled = False
         self.compile_seconds = 0.0
 

@@ -31,6 +31,17 @@ def prefill_bucket(tokens: int) -> int:
     return -(-tokens // PREFILL_BUCKET) * PREFILL_BUCKET
 
 
+def compiled_for_pair(fn, target: FastGenerator, draft: FastGenerator):
+    """fn compiled as one graph over both generators' models (a fused round, a fused prefill): frozen and
+    autotuned where both generators are, else with the weights as inputs (the generators' own products);
+    buffers pooled as in their own graphs. Returns (the compiled fn, whether it is frozen)."""
+    freeze = target.gemm_autotune and draft.gemm_autotune
+    options = compile_options(
+        target.mode, cpp_wrapper=target.cpp_wrapper, freeze=freeze, gemm_autotune=freeze, pooled=True
+    )
+    return torch.compile(fn, **options), freeze
+
+
 class FusedPrefill:
     """Both models' static path over `tokens` positions (0..tokens-1) as one compiled graph: call it with the
     prompt less its last token, (1, m) with m <= tokens; it writes both caches' K/V at 0..tokens-1."""
@@ -40,18 +51,7 @@ class FusedPrefill:
         device = target.model.device
         self._ids = torch.zeros(1, tokens, dtype=torch.long, device=device)  # (1, tokens): prompt, then padding
         self._pos = torch.arange(tokens, device=device)  # (tokens,)
-        # frozen and autotuned where both generators are, as FusedRounds
-        self.freeze = target.gemm_autotune and draft.gemm_autotune
-        self._fn = torch.compile(
-            self._prefill,
-            **compile_options(
-                target.mode,
-                cpp_wrapper=target.cpp_wrapper,
-                freeze=self.freeze,
-                gemm_autotune=self.freeze,
-                pooled=True,  # as the generators' own graphs
-            ),
-        )
+        self._fn, self.freeze = compiled_for_pair(self._prefill, target, draft)
         self.compiled = False
         self.compile_seconds = 0.0
 
