@@ -84,6 +84,8 @@ def prefill_by_steps(model, prompt: torch.Tensor, cache: KVCache, step) -> torch
     compiled and a forward over a few rows is slow: a quantized model whose several-row product dequantizes
     every weight on each call (FastGenerator prefills short prompts so). Same logits to float rounding."""
     check_token_ids(prompt, model.cfg.vocab_size, name="prompt")
+    if prompt.shape[1] == 0:
+        raise ValueError("prompt must hold at least one token per row to prefill by steps")
     check_cache(cache, model)
     cache.reset()
     columns = prompt.t().contiguous()  # (T, B): position t as a (B, 1) view with plain strides
@@ -172,6 +174,8 @@ def generate(
     if step is not None and not callable(step):
         raise ValueError(f"step must be a callable step(model, token, cache) -> logits, or None; got {step!r}")
     step = decode_one_token if step is None else step
+    if not callable(prefill):
+        raise ValueError(f"prefill must be a callable prefill(model, prompt, cache) -> logits; got {prefill!r}")
     if cache is not None:  # the caller's: check it now rather than fail mid-generation
         check_cache(cache, model)
         # prefill writes T positions and each decode step one more; the last new token is never fed back

@@ -11,7 +11,7 @@ from conftest import random_model
 
 from helpers import fast_decode
 from helpers.fast_decode import FastGenerator, compile_available
-from helpers.generate import generate, prefill
+from helpers.generate import decode_one_token, generate, prefill, prefill_by_steps
 from helpers.kv_cache import KVCache
 from helpers.model import ModelConfig, attention_as_sums
 from helpers.paths import INDUCTOR_CACHE, REPO
@@ -38,6 +38,26 @@ def test_static_path_matches_dynamic_path(model):
         multi = model(idx[:, 20:24], cache=cache, input_pos=torch.arange(20, 24), check=False)
     assert torch.allclose(torch.stack(steps, 1), full[:, 8:], atol=1e-5, rtol=0)
     assert torch.allclose(multi, full[:, 20:24], atol=1e-5, rtol=0)
+
+
+def test_prefill_by_steps_equals_prefill(model):
+    """The prompt one token at a time through a decode step gives prefill's logits and cache length; generate
+    takes it as its prefill, and refuses a prefill that is not callable, naming it."""
+    prompt = torch.randint(0, CFG.vocab_size, (2, 7), generator=torch.Generator().manual_seed(1))
+    a, b = KVCache.for_model(model, batch_size=2), KVCache.for_model(model, batch_size=2)
+    with torch.no_grad():
+        expected = prefill(model, prompt, a)  # (2, V)
+        got = prefill_by_steps(model, prompt, b, decode_one_token)
+    assert b.length == a.length == 7
+    assert torch.allclose(got, expected, atol=1e-5, rtol=0)
+    assert torch.allclose(b.k[:, :, :, :7], a.k[:, :, :, :7], atol=1e-5, rtol=0)
+    by_steps = partial(prefill_by_steps, step=decode_one_token)
+    with torch.no_grad():
+        assert torch.equal(generate(model, prompt, 20, prefill=by_steps), generate(model, prompt, 20))
+    with pytest.raises(ValueError, match="prefill must be a callable"):
+        generate(model, prompt, 3, prefill=5)
+    with pytest.raises(ValueError, match="at least one token"):
+        prefill_by_steps(model, prompt[:, :0], b, decode_one_token)
 
 
 def test_eager_fast_generator_equals_generate(model):
