@@ -95,7 +95,7 @@ def compile_options(
     the module docstring for what it buys and costs).
     pooled (with cpp_wrapper): inductor's memory planning, one allocation a call for all intermediate
     buffers instead of one each (a quantized course-model step allocated and freed ~100 small buffers:
-    a quarter of its time in malloc and free, measured with perf)."""
+    a quarter of its time in malloc and free, sampled with a CPU profiler)."""
     options = {}
     if cpp_wrapper:
         options["cpp_wrapper"] = True
