@@ -183,7 +183,7 @@ class FastGenerator:
         quantized = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
         one_row = any(m.kernel == "fused_dequant" for m in quantized)
         float_only = float_weights_only(self.decode_model)
-        freezable = float_only or all(m.kernel == "fused_dequant" for m in quantized)
+        freezable = float_only or (bool(quantized) and all(m.kernel == "fused_dequant" for m in quantized))
         self.freeze = (on_cpu and freezable) if freeze is None else freeze
         self._keep_conversions = not float_only
         self.gemm_autotune = bool(gemm_autotune)
