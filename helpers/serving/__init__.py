@@ -6,7 +6,7 @@ an OpenAI-compatible HTTP server over it (chapter 14).
     model_runner.py  one forward pass over a ragged batch (prefill chunks and decodes together)
     step_view.py     that batch as a cache view the model's own forward takes: positions, attend per request
     paged_attention.py  decode attention read in place through the block tables (a small C kernel)
-    compiled_step.py the all-decode step as one torch.compile graph, that kernel a custom op in it
+    compiled_step.py the engine's step as one torch.compile graph, that kernel a custom op in it
     row_tiles.py     batch-invariant matmuls: the row counts measured to give every row the same bits
     request.py       one request's state: tokens, blocks, sampling settings, timings
     scheduler.py     each step's batch: admission, token budget, chunked prefill, preemption

@@ -39,7 +39,7 @@ def main(argv=None) -> None:
     p.add_argument(
         "--no-compile-step",
         action="store_true",
-        help="run every step eagerly (by default all-decode steps run compiled, after a compile at start-up)",
+        help="run every step eagerly (by default steps of two or more tokens run compiled, compiled at start-up)",
     )
     p.add_argument("--threads", type=int, default=1, help="torch threads for the engine")
     p.add_argument("--device", default="cpu", help="cpu, cuda or mps")

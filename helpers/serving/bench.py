@@ -288,7 +288,7 @@ def rows_goodput(model, tok, quick: bool) -> list[dict]:
     # steps of sqrt(2) from 0.5 to 16: a design's knee, and so its best goodput, is only as fine as the grid
     # (with steps of 2, sequential's best goodput came out as 0.5x or 1x of its rate from one run to the next)
     factors = LOAD_FACTORS if quick else tuple(2 ** (k / 2) for k in range(-2, 9))
-    # the engines as the server runs them: the all-decode step compiled (once per process, before any clock)
+    # the engines as the server runs them: the step compiled (once per process, before any clock)
     engines = dict(num_blocks=1024, max_num_seqs=16, compile_step="autotune")
     sweep = goodput_sweep(
         model,

@@ -9,8 +9,8 @@
     engine.get(rid).output                                          # the generated ids
 
 Each step: the scheduler picks the requests and token counts (scheduler.py), the model runner computes
-them in one pass through the paged cache (model_runner.py; with `compile_step`, a step in which two or
-more requests each decode one token runs as one compiled graph where it applies: compiled_step.py), and
+them in one pass through the paged cache (model_runner.py; with `compile_step`, every step of two or more
+new tokens, decodes and prompt chunks alike, runs as one compiled graph where it applies: compiled_step.py), and
 each request whose last known token was computed gets its next token with its own sampling settings,
 seeded generator and logits processors (sampling.py), then its own stop conditions (stopping.StopChecker).
 
@@ -124,9 +124,9 @@ class Engine:
         generator, whose state depends on the others); prefix caching and the static policy are refused
         in this mode (a cached prefix was computed in another request's chunks).
 
-        compile_step: True runs every all-decode step of two or more requests through one torch.compile'd
-        graph with the library's matmuls (compiled_step.py; compiled here, before the first step, shared by
-        every engine on the model, kept in the on-disk compile cache); "autotune" with inductor's own
+        compile_step: True runs every step of two or more new tokens (decodes and prompt chunks) through one
+        torch.compile'd graph with the library's matmuls (compiled_step.py; compiled here, before the first
+        step, shared by every engine on the model, kept in the on-disk compile cache); "autotune" with inductor's own
         autotuned matmuls instead (faster at small batches, but compiled afresh in every process, tens of
         seconds on a small CPU). Other steps, and every step where compiling failed, run eagerly. Off by
         default (tests and notebooks build engines in many processes); the serving bench and the server CLI
