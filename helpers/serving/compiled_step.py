@@ -70,6 +70,7 @@ import time
 import types
 import weakref
 
+import numpy as np
 import torch
 
 from ..compiling import compile_options, guards_checked_once, use_course_compile_cache
@@ -217,22 +218,21 @@ class CompiledStep:
         logits, in order; writes the pool and commits each sequence's new length, as forward_step does."""
         bs = cache.block_size
         width = -(-self.model.cfg.max_seq_len // bs)  # every table padded to this many blocks: a fixed shape
-        ids, positions, row_chunk, tables, sampled = [], [], [], [], []
-        for i, c in enumerate(chunks):  # plain ints, one torch.tensor call each below
+        tables = np.zeros((max(len(chunks), 2), width), dtype=np.int64)  # at least 2 rows: see below
+        ids, positions, row_chunk, sampled = [], [], [], []
+        for i, c in enumerate(chunks):  # plain ints, one tensor each below
             T = len(c.token_ids)
             ids.extend(c.token_ids)
             positions.extend(range(c.start_pos, c.start_pos + T))
             row_chunk.extend([i] * T)
-            tables.append(c.block_table + [0] * (width - len(c.block_table)))  # entries past a length: unread
+            tables[i, : len(c.block_table)] = c.block_table  # entries past a length: unread
             if c.want_logits:
                 sampled.append(len(ids) - 1)
         n_sampled = len(sampled)
-        tables += [[0] * width] * (2 - len(tables))  # at least 2 of each (a size of 1 would be specialised)
-        sampled += [0] * (2 - n_sampled)
+        sampled += [0] * (2 - n_sampled)  # at least 2 tables and 2 sampled rows (a size of 1 would be specialised)
         device = self.model.device
-        inputs = [
-            torch.tensor(x, dtype=torch.long, device=device) for x in (ids, positions, row_chunk, tables, sampled)
-        ]
+        inputs = [torch.tensor(x, dtype=torch.long, device=device) for x in (ids, positions, row_chunk)]
+        inputs += [torch.from_numpy(tables).to(device), torch.tensor(sampled, dtype=torch.long, device=device)]
         for t in inputs:
             torch._dynamo.mark_dynamic(t, 0)
         for t in (cache.k, cache.v):
