@@ -22,7 +22,8 @@ arithmetic then never depends on how many neighbours it has.
 tests/test_serving.py checks the step against `generate` token for token.
 
 Out of scope (vLLM has them): CUDA graphs for the decode batch, a varlen attention kernel for prefill
-chunks, tensor parallelism, LoRA adapters, and sampling on the device without a host round trip.
+chunks in this eager step (the compiled step, compiled_step.py, reads prompt rows in place row by row),
+tensor parallelism, LoRA adapters, and sampling on the device without a host round trip.
 """
 
 from __future__ import annotations

@@ -29,9 +29,11 @@ whole block at once stalled the core on its limit of outstanding misses; togethe
 sums a 16-slot block's 16 scores across vector lanes together rather than one at a time (about 1.1x, same
 bits). tests/test_paged_attention.py checks the kernel at several block sizes and head shapes.
 
-Prefill chunks keep the gather path (step_view.py): a chunk of T queries reads each key T times, so
-one O(S) copy is small next to the O(T * S) attention that follows and SDPA's blocked kernel does that
-part well; the copy that mattered is the per-step one of every decoding request.
+The eager step keeps the gather path for prefill chunks (step_view.py): a chunk of T queries reads each
+key T times, so one O(S) copy is small next to the O(T * S) attention that follows and SDPA's blocked
+kernel does that part well; the copy that mattered is the per-step one of every decoding request. The
+compiled step (compiled_step.py) gives the kernel every prompt row as a query of its own, with its own
+length (its position + 1): causal attention with no mask and no copy, each key re-read from the cache.
 
 Left out: threads (the course runs one), dtypes other than float32, ALiBi/soft-capping/sliding windows,
 the split-K (flash-decoding) partition of one long context across cores, and GPUs (vLLM's and

@@ -24,7 +24,8 @@ go through the same tiles.
 The view builds its index tensors once per step from plain ints (no per-request tensors). The lengths stay
 the pool's: after the forward, `commit()` tells the pool each sequence's new length (PagedKVCache.commit).
 
-Left out: a varlen kernel that would attend all prefill chunks in one call, and sliding windows.
+Left out: sliding windows, and prompt chunks read in place (the eager step gathers them; the compiled
+step, compiled_step.py, sends every prompt row through the C kernel over its own blocks instead).
 """
 
 from __future__ import annotations
