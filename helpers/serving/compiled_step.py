@@ -151,11 +151,13 @@ class OpStepView:
 
 def step_logits(model, tokens, pos, row_chunk, chunk_tables, sampled, k_pool, v_pool, block_size: int):
     """The step as traced: tokens, pos, row_chunk (N,), chunk_tables (C, W), sampled (S,) rows to sample
-    from -> logits (S, V). The model's own forward (Transformer.hidden) over a view whose attention is the
-    custom op (tests compare it with forward_step)."""
+    from -> logits (S, V), and what greedy sampling needs, fused into the graph: each row's argmax (S,) and
+    whether its maximum is finite (S,). The model's own forward (Transformer.hidden) over a view whose
+    attention is the custom op (tests compare it with forward_step)."""
     view = OpStepView(pos, row_chunk, chunk_tables, k_pool, v_pool, block_size)
     x = model.hidden(tokens.unsqueeze(0), view, check=False)[0]  # (N, C)
-    return model.head(model.norm(x[sampled]))  # (S, V)
+    logits = model.head(model.norm(x[sampled]))  # (S, V)
+    return logits, logits.argmax(dim=-1), torch.isfinite(logits.amax(dim=-1))  # (S, V), (S,), (S,)
 
 
 MODES = ("library", "autotune")  # the matmuls: the library's (graph cached on disk), or autotuned (not cached)
@@ -215,9 +217,11 @@ class CompiledStep:
         self.compile_seconds = time.perf_counter() - t0
         return self.compile_seconds
 
-    def __call__(self, cache: PagedKVCache, chunks) -> torch.Tensor:
+    def __call__(self, cache: PagedKVCache, chunks, greedy: bool = False):
         """Logits (n_sampled, V) for chunks of two or more new tokens in all, one row per chunk that wants
-        logits, in order; writes the pool and commits each sequence's new length, as forward_step does."""
+        logits, in order; writes the pool and commits each sequence's new length, as forward_step does.
+        greedy: return (logits, argmax, finite) instead, the last two lists of n_sampled ints and bools
+        computed in the graph (the engine's greedy rows: one fused pass instead of two reductions after)."""
         bs = cache.block_size
         width = -(-self.model.cfg.max_seq_len // bs)  # every table padded to this many blocks: a fixed shape
         tables = np.zeros((max(len(chunks), 2), width), dtype=np.int64)  # at least 2 rows: see below
@@ -244,12 +248,14 @@ class CompiledStep:
         # every input is built here, always of the same dtypes, ranks and grad mode.
         skip = guards_checked_once() if bs in self.block_sizes else contextlib.nullcontext()
         with torch.no_grad(), torch._inductor.config.patch(freezing=True), skip:
-            logits = self.fn(self.model, *inputs, cache.k, cache.v, bs)  # (max(n_sampled, 2), V)
+            logits, argmax, finite = self.fn(self.model, *inputs, cache.k, cache.v, bs)  # (max(n_sampled, 2), V)
         self.block_sizes.add(bs)
         for c in chunks:
             if c.seq_id is not None:
                 cache.commit(c.seq_id, c.start_pos + len(c.token_ids))
         self.calls += 1
+        if greedy:
+            return logits[:n_sampled], argmax[:n_sampled].tolist(), finite[:n_sampled].tolist()
         return logits[:n_sampled]  # (n_sampled, V)
 
 

@@ -281,15 +281,16 @@ class Engine:
             )  # a padded row's KV is nobody's
         t_chunks = time.perf_counter()
         if self.compiled is not None and self.compiled.applies(chunks, self.decode_attention, self.row_widths):
-            logits = self.compiled(self.cache, chunks)  # (n_sampled, V): every chunk decodes, every one sampled
+            logits, *greedy = self.compiled(self.cache, chunks, greedy=True)  # (n_sampled, V), argmax, finite
             self.compiled_steps += 1
         else:
+            greedy = None
             logits = forward_step(
                 self.model, self.cache, chunks, self.decode_attention, self.timings, self.row_widths
             )  # (n_sampled, V)
         t_forward = time.perf_counter()
         sampled = [s.request for s, c in zip(scheduled, chunks) if c.want_logits]
-        tokens = self._sample(sampled, logits)
+        tokens = self._sample(sampled, logits, greedy)
         t_sampled = time.perf_counter()
         self.time += t_sampled - t0  # the step's compute; its tokens appear when it ends
         for s in scheduled:
@@ -403,9 +404,10 @@ class Engine:
         if self.step_log is not None and len(self.steps) >= 2 * self.step_log:
             del self.steps[: -self.step_log]  # trimmed in batches: amortised O(1) a step
 
-    def _sample(self, requests: list[Request], logits: torch.Tensor) -> list:
+    def _sample(self, requests: list[Request], logits: torch.Tensor, greedy=None) -> list:
         """One token per request, each with its own settings: an int, or the exception its own sampling raised.
-        Plain greedy rows (and padded rows, whose tokens are thrown away) share one argmax."""
+        Plain greedy rows (and padded rows, whose tokens are thrown away) share one argmax: `greedy`, the
+        (argmax, finite) lists of every row when the compiled step computed them, else computed here."""
         out: list = [None] * len(requests)
         plain = [
             i
@@ -413,9 +415,14 @@ class Engine:
             if r.finished or (r.sampling.greedy and not r.logits_processors and not _penalised(r.sampling))
         ]
         if plain:
-            rows = logits if len(plain) == len(requests) else logits[plain]  # (n_plain, V)
-            valid = torch.isfinite(rows.amax(dim=-1)).tolist()  # no NaN or +inf, not all -inf
-            for i, t, ok in zip(plain, rows.argmax(dim=-1).tolist(), valid):
+            if greedy is not None:
+                argmax, finite = greedy
+                argmax, valid = [argmax[i] for i in plain], [finite[i] for i in plain]
+            else:
+                rows = logits if len(plain) == len(requests) else logits[plain]  # (n_plain, V)
+                valid = torch.isfinite(rows.amax(dim=-1)).tolist()  # no NaN or +inf, not all -inf
+                argmax = rows.argmax(dim=-1).tolist()
+            for i, t, ok in zip(plain, argmax, valid):
                 out[i] = (
                     t
                     if ok or requests[i].finished
