@@ -142,3 +142,17 @@ def test_forget_recompiles_with_the_new_weights(model):
 def test_engine_names_a_bad_compile_step(model, bad):
     with pytest.raises(ValueError, match="compile_step"):
         Engine(model, num_blocks=8, compile_step=bad)
+
+
+def test_greedy_outputs_of_the_graph(model_and_step):
+    """step(..., greedy=True) also returns each sampled row's argmax and whether its logits are finite,
+    computed in the graph: the same as reading them from the logits; a row whose cached keys are NaN is
+    flagged (the engine then fails that request alone) and its neighbours are not."""
+    model, step = model_and_step
+    cache, chunks = scattered_decode_batch(model, 4, 20, seed=7)
+    first = chunks[0].block_table[0] * 16
+    cache.k[:, first : first + 16] = float("nan")  # request 0's first block: its attention, then logits, NaN
+    logits, argmax, finite = step(cache, chunks, greedy=True)
+    assert finite == [False, True, True, True]
+    assert argmax[1:] == logits[1:].argmax(dim=-1).tolist()
+    assert torch.isnan(logits[0]).all() and torch.isfinite(logits[1:]).all()
