@@ -281,7 +281,8 @@ class Engine:
             )  # a padded row's KV is nobody's
         t_chunks = time.perf_counter()
         if self.compiled is not None and self.compiled.applies(chunks, self.decode_attention, self.row_widths):
-            logits, *greedy = self.compiled(self.cache, chunks, greedy=True)  # (n_sampled, V), argmax, finite
+            logits, argmax, finite = self.compiled(self.cache, chunks, greedy=True)  # (n_sampled, V), lists
+            greedy = (argmax, finite)  # each sampled row's argmax and finite flag, computed in the graph
             self.compiled_steps += 1
         else:
             greedy = None

@@ -124,7 +124,8 @@ void paged_decode(const float *q, const float *k, const float *v, const int64_t 
             for (int hk = 0; hk < KV_HEADS; hk++) {
                 const float *qg = qn + hk * GROUP * HEAD_DIM;  /* (GROUP, D): the heads that share kv head hk */
 #ifdef SCORES16
-                for (int g = 0; g < GROUP; g++) {  /* slots past the length get scores too: never used below */
+                /* a part-full block's unused slots get scores too, never used below */
+                for (int g = 0; g < GROUP; g++) {
                     v16 sc = scores16(qg + g * HEAD_DIM, kb, hk) * scale;
                     __builtin_memcpy(s[g], &sc, sizeof sc);
                 }
