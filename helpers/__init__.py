@@ -25,6 +25,7 @@ Modules, one job each (chapter in brackets). At the top, the inference code a le
     fast_decode.py       a compiled, static-shape decode step (CUDA graphs on a GPU)              [07]
     decode_copy.py       the copy of a model that step runs: each projection's layout             [07]
     row_sums.py          its products of 1 to 8 rows as generated sums (CPU default)              [07, 12]
+    many_rows.py         products of many rows on a CPU through oneDNN's GEMM (prefill)           [06, 07]
     compiling.py         torch.compile's plumbing for it: cache folder, options, warm-up          [07]
     export_gguf.py       python -m helpers.export_gguf: the course model as a GGUF file           [07]
     int8_kv.py           a KV cache stored as int8 codes, one scale per token and KV head         [08]
@@ -57,17 +58,18 @@ Three wings, each a folder with its own map in its __init__.py:
                          layer and attention maps, chapter 05's allocation simulator, exercises/
 
 How the modules depend on each other (A above B when A imports B; nothing imports upwards, no cycles).
-Counting each folder as one unit, the package, scripts/ and .ci/ make 38 units on 7 levels joined by 122
+Counting each folder as one unit, the package, scripts/ and .ci/ make 39 units on 8 levels joined by 127
 imports:
-    level 1  model, tokenizer, sampling, stopping, regex_automaton, nf4, row_sums, device, processes,
-             progress, paths, cache_layout, options: import nothing of the package
-    level 2  kv_cache (the cache contract: commit, truncate, reset), sliding_window, checkpoint, data,
-             quantize/, grammar, hf, compiling, decode_copy
-    level 3  generate, int8_kv, export_gguf, train_tokenizer, measure/
-    level 4  fast_decode, beam_search, token_healing, train, parallel/, this file
-    level 5  speculative/, serving/
-    level 6  course/
-    level 7  bench/ (it times everything below it), scripts/
+    level 1  tokenizer, sampling, stopping, regex_automaton, nf4, many_rows, device, processes, progress,
+             paths, cache_layout, options: import nothing of the package
+    level 2  model, row_sums (both multiply many rows through many_rows), grammar, data, compiling
+    level 3  kv_cache (the cache contract: commit, truncate, reset), sliding_window, checkpoint, quantize/,
+             hf, decode_copy
+    level 4  generate, int8_kv, export_gguf, train_tokenizer, measure/
+    level 5  fast_decode, beam_search, token_healing, train, parallel/, this file
+    level 6  speculative/, serving/
+    level 7  course/
+    level 8  bench/ (it times everything below it), scripts/
 The largest modules are serving/engine.py and model.py (about 480 lines each), then fast_decode.py (440);
 speculative/, quantize/ and bench/ are folders of modules under 330 lines. Inside the wings: course/ has one
 import between its modules (notebook setup uses plotting's style), parallel/ two (both parallel schemes

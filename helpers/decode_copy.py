@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from .model import Attention
+from . import many_rows
+from .model import Attention, Linear
 from .row_sums import RowSumLinear
 
 GEMVS = ("sums", "library")  # how a compiled batch-1 step multiplies one row by a projection (see the docstring)
@@ -38,8 +38,8 @@ class InputMajorLinear(nn.Module):
 
     def forward(self, x):  # (..., in) -> (..., out)
         K = x.shape[-1]
-        if x.numel() != K:  # several rows
-            return F.linear(x, self.weight)
+        if x.numel() != K:  # several rows (many: oneDNN's GEMM, many_rows.py)
+            return many_rows.linear(x, self.weight)
         if torch.compiler.is_compiling() and x.is_contiguous():
             # inductor hands a (1, in) activation to the matmul with stride 0 on its size-1 dimension, and
             # the CPU BLAS path copies such an input before multiplying (19 copies a step for the course
@@ -95,7 +95,7 @@ def _with_linears_as(model: nn.Module, layer) -> nn.Module:
     twin = _share_tree(model)
     for parent in twin.modules():
         for name, child in parent._modules.items():
-            if type(child) is nn.Linear and child.bias is None:
+            if type(child) in (nn.Linear, Linear) and child.bias is None:
                 parent._modules[name] = layer(child.weight)
     return twin
 

@@ -42,7 +42,8 @@ sums made the course model 1.33x faster than torch's kernel (2.33 against 3.09 m
 config (bench-150m) 1.30x (107 against 138 ms). It is ordinary generated code, nothing packed, so
 inductor's graph cache keeps it: a new process loads the course model's step in 5-11 s (torch's kernel:
 5-9 s); the cold compile took 16-35 s there. A verify pass of 2-8 tokens is one such loop for all its rows,
-over the panels (row_sums.MAX_SUM_ROWS); eagerly and for more rows, F.linear. The opt-in autotuned GEMM
+over the panels (row_sums.MAX_SUM_ROWS); eagerly and for more rows, many_rows.linear (F.linear, or oneDNN's
+GEMM from 128 rows: a long prompt's eager prefill). The opt-in autotuned GEMM
 below, 1.06-1.26x faster than the row sums, is on par with the panels (1.19-1.23x in the same runs as
 1.17-1.24x), at 43 s of lowering in every new process. `gemv="library"` switches back to torch's kernel.
 
@@ -158,7 +159,7 @@ class FastGenerator:
     ):
         use_course_compile_cache()  # the on-disk cache folder, set when the first generator is built
         self.model = model.eval()
-        # on a CPU, multiply 1 to 8 rows (compiled) by sums inductor generates, more by F.linear (row_sums.py;
+        # on a CPU, multiply 1 to 8 rows (compiled) by sums inductor generates, more as many_rows.linear (row_sums.py;
         # torch's kernel on request, over projections stored (in, out), several rows keeping nn.Linear's kernel
         # and layout), and let the compiled step attend with explicit sums inductor fuses: see the module docstring
         on_cpu = model.device.type == "cpu"

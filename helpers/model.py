@@ -15,7 +15,8 @@ of key/value heads, and a SwiGLU MLP; input embedding and output head share one 
 The weights match HuggingFace's `LlamaForCausalLM` one for one (see hf.py), which the tests use as an
 oracle. Query/key/value projections are stored fused in one matrix, and so are the MLP's gate and up
 projections: one matmul instead of three (or two) per step matters when a decode step is mostly
-per-operation overhead, as it is for small models on a CPU.
+per-operation overhead, as it is for small models on a CPU. The projections are `Linear`, nn.Linear whose
+products of many rows on a CPU take oneDNN's GEMM (many_rows.py): the same parameters and state dict.
 
 Out of scope: dropout, biases, mixture-of-experts, multi-GPU.
 """
@@ -28,6 +29,8 @@ from dataclasses import asdict, dataclass, fields, replace
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from . import many_rows
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,14 @@ def attention_as_sums(q, k, v, mask):
     return y.view(B, H, T, D)
 
 
+class Linear(nn.Linear):
+    """nn.Linear without bias whose products of many rows on a CPU go through oneDNN's GEMM (many_rows.py:
+    a prefill, teacher forcing); the same parameter, the same state dict."""
+
+    def forward(self, x):  # (..., in) -> (..., out)
+        return many_rows.linear(x, self.weight)
+
+
 class Attention(nn.Module):
     # how the static path (fast_decode.py) attends when compiled: "sdpa" (torch's fused kernel) or "sums"
     # (attention_as_sums, which inductor fuses into one loop); FastGenerator sets it on its own copy
@@ -159,8 +170,8 @@ class Attention(nn.Module):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-        self.wqkv = nn.Linear(cfg.d_model, q_dim + 2 * kv_dim, bias=False)  # fused W_q | W_k | W_v
-        self.wo = nn.Linear(q_dim, cfg.d_model, bias=False)
+        self.wqkv = Linear(cfg.d_model, q_dim + 2 * kv_dim, bias=False)  # fused W_q | W_k | W_v
+        self.wo = Linear(q_dim, cfg.d_model, bias=False)
         self.split_sizes = (q_dim, kv_dim, kv_dim)
 
     def forward(
@@ -239,8 +250,8 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.d_ff = cfg.d_ff
-        self.w_gate_up = nn.Linear(cfg.d_model, 2 * cfg.d_ff, bias=False)
-        self.w_down = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+        self.w_gate_up = Linear(cfg.d_model, 2 * cfg.d_ff, bias=False)
+        self.w_down = Linear(cfg.d_ff, cfg.d_model, bias=False)
 
     def forward(self, x):
         gate, up = self.w_gate_up(x).split(self.d_ff, dim=-1)
@@ -292,7 +303,7 @@ class Transformer(EmbeddedModel):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.head = Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.head.weight = self.embed.weight  # tied: one (V, C) matrix reads tokens in and scores them out
         cos, sin = rope_tables(cfg)
         self.register_buffer("rope_cos", cos, persistent=False)  # (max_seq_len, D)

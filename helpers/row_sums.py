@@ -41,15 +41,16 @@ Before both, the library's few-row kernels were slow for these shapes: the cours
 verify pass cost 1.28-1.54 one-token steps instead of 2.47-2.93, the 2-token one 1.08-1.29 instead of
 2.35-3.07 (two runs, one thread, interleaved, 2-core AMD Zen 5 VM shared with other jobs). A whole T-token
 forward through the library's kernels took 2.0-2.2x as long at T = 6, 1.7x at 8, 1.3x at 12 and 1.06-1.09x at
-16; above MAX_SUM_ROWS (8) the layer calls F.linear, as the gain shrinks while the generated code (and its
-cold compile) grows with M: the M sums of every product are unrolled, M x 25 of them in the course model's
-graph. The cold compile this adds, same VM loaded: the 2- and 4-token graphs 33-34 s each against 23-24 s with
-the library's kernels, an 8-token graph 68 s against 20 s (the one-token step: 52-55 s); from inductor's
+16; above MAX_SUM_ROWS (8) the layer calls many_rows.linear (F.linear; oneDNN's GEMM from 128 rows), as the
+gain shrinks while the generated code (and its cold compile) grows with M: the M sums of every product are
+unrolled, M x 25 of them in the course model's graph. The cold compile this adds, same VM loaded: the 2- and
+4-token graphs 33-34 s each against 23-24 s with the library's kernels, an 8-token graph 68 s against 20 s
+(the one-token step: 52-55 s); from inductor's
 on-disk cache each loads in seconds.
 
 RowSumLinear uses all this only while compiling. Eagerly the broadcast product would be materialized,
 (N, K) floats, so there (and for more than MAX_SUM_ROWS rows: a long prefill, a big batch) it is
-F.linear over the same weight: equal to float rounding, the sums adding in another order.
+many_rows.linear over the same weight: equal to float rounding, the sums adding in another order.
 quantize/'s "fused_dequant" kernel is the one-row loop with a dequantization inside it; its layers are
 not nn.Linear, so this module leaves them as they are (their several-row products keep their kernels).
 
@@ -67,7 +68,8 @@ import logging
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
+
+from . import many_rows
 
 ROW_SPLIT = 4  # output rows in this many blocks, one accumulator each (quantize/'s fused_dequant uses it too)
 MAX_SUM_ROWS = 8  # compiled products of up to this many rows are generated sums (see RowSumLinear)
@@ -134,8 +136,8 @@ class RowSumLinear(nn.Module):
     def forward(self, x):  # (..., K) -> (..., N)
         N, K = self.weight.shape
         M = x.numel() // K
-        if M > MAX_SUM_ROWS or not torch.compiler.is_compiling():  # many rows, or eager: the library kernel
-            return F.linear(x, self.weight)
+        if M > MAX_SUM_ROWS or not torch.compiler.is_compiling():  # many rows, or eager: a library's kernel
+            return many_rows.linear(x, self.weight)  # F.linear, or oneDNN's GEMM for many rows (many_rows.py)
         lead = x.shape[:-1]
         if self.panels is not None:
             # y[p, j] = sum_k x[k] Wp[p, k, j]: PANEL outputs in one vector register, x[k] broadcast, so no

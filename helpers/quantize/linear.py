@@ -1,7 +1,8 @@
 """QuantizedLinear: a drop-in bias-free nn.Linear whose weight is stored as int8 / int4 codes or 16-bit floats,
 multiplied by torch's real kernels (`kernel=`):
 
-    "reference"   dequantize the whole weight, then F.linear: the teaching version, any device. It
+    "reference"   dequantize the whole weight, then F.linear (many_rows.linear: oneDNN's GEMM for 128 rows
+                  and more on a CPU): the teaching version, any device. It
                   reads the small integers *and* writes and reads a full-precision copy on every call,
                   so it is slower than not quantizing at all.
     "int8pack"    int8: torch.ops.aten._weight_int8pack_mm (weight-only int8; on a CPU it is fast only
@@ -24,7 +25,8 @@ multiplied by torch's real kernels (`kernel=`):
                   byte in its own layout (the first and second half of each group share a byte), so the
                   unpacking is two bit operations in that loop. Eager it is slow (the broadcast product
                   is materialized), and inputs of more than one row (prefill, batch > 1) take the
-                  "reference" path. The output rows are cut into ROW_SPLIT blocks, each its own sum:
+                  "reference" path (whose many-row products go through oneDNN: the bench's 149M int8 and
+                  fp16 prefills, see many_rows.py). The output rows are cut into ROW_SPLIT blocks, each its own sum:
                   inductor runs sums of the same loop shape in one loop with one accumulator each, and a
                   single accumulator's chain of dependent additions held the int8 loop to about 6 GB/s
                   of codes (the fused gate/up product: 0.97 ms for 5.8 MB; the CPU waits on each add),
@@ -64,6 +66,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .. import many_rows
 from ..row_sums import realized
 from . import arithmetic  # the functions by hand and the tables of formats and kernels, each named where used
 from .dynamic import dynamic_weight_bits, prepack_dynamic
@@ -218,12 +221,12 @@ class QuantizedLinear(nn.Module):
         if x.shape[-1] != self.in_features:
             raise ValueError(f"input's last dimension must be in_features={self.in_features}; got {x.shape[-1]}")
         if self.kernel == "reference":  # NEW work per call: a full-precision copy of the whole weight
-            return F.linear(x, self.dequantized_weight(x.dtype))
+            return many_rows.linear(x, self.dequantized_weight(x.dtype))
         if self.kernel == "linear_then_scale":
             return F.linear(x, self.qweight.to(x.dtype)) * self.scales.to(x.dtype)
         if self.kernel == "fused_dequant":
             if x.numel() != self.in_features:  # more than one row: materializing (M, N, K) would not pay
-                return F.linear(x, self.dequantized_weight(x.dtype))
+                return many_rows.linear(x, self.dequantized_weight(x.dtype))
             return self._fused_dequant_row(x)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)  # (M, K)

@@ -1,0 +1,59 @@
+"""many_rows.linear: oneDNN's GEMM for many float32 rows on a CPU, F.linear otherwise."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import many_rows
+from helpers.model import Linear
+
+needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+
+
+@needs_onednn
+@pytest.mark.parametrize("lead", [(many_rows.MIN_ROWS,), (2, many_rows.MIN_ROWS + 3), (1, 512)])
+def test_many_rows_equal_f_linear_to_rounding(lead):
+    torch.manual_seed(0)
+    x, w = torch.randn(*lead, 96), torch.randn(40, 96)
+    with torch.no_grad():
+        y = many_rows.linear(x, w)
+    assert y.shape == (*lead, 40) and y.dtype == torch.float32
+    torch.testing.assert_close(y, F.linear(x, w), rtol=1e-5, atol=1e-4)
+
+
+@needs_onednn
+def test_the_onednn_path_is_taken_only_where_it_applies(monkeypatch):
+    calls = []
+    real = torch._C._nn.mkldnn_linear
+    monkeypatch.setattr(torch._C._nn, "mkldnn_linear", lambda *a: calls.append(1) or real(*a))
+    w = torch.randn(8, 16)
+    many_rows.linear(torch.randn(many_rows.MIN_ROWS, 16), w)
+    assert len(calls) == 1
+    many_rows.linear(torch.randn(many_rows.MIN_ROWS - 1, 16), w)  # few rows: the library's kernel
+    many_rows.linear(torch.randn(many_rows.MIN_ROWS, 16, dtype=torch.float64), w.double())  # not float32
+    many_rows.linear(torch.randn(many_rows.MIN_ROWS, 16, requires_grad=True), w)  # a gradient to record
+    assert len(calls) == 1
+
+
+def test_a_model_linear_trains_and_keeps_nn_linear_state():
+    layer = Linear(16, 8, bias=False)
+    assert isinstance(layer, torch.nn.Linear) and list(layer.state_dict()) == ["weight"]
+    x = torch.randn(many_rows.MIN_ROWS, 16)
+    layer(x).sum().backward()  # the weight requires grad: F.linear, which has a backward
+    torch.testing.assert_close(layer.weight.grad, x.sum(0).expand(8, 16))
+
+
+def test_a_flop_counter_sees_the_matmul():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    x, w = torch.randn(many_rows.MIN_ROWS, 16), torch.randn(8, 16)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        many_rows.linear(x, w)
+    assert counter.get_total_flops() == 2 * many_rows.MIN_ROWS * 16 * 8
+
+
+def test_no_torch_calls_are_added_for_one_row():
+    from helpers.measure.profiling import count_torch_calls
+
+    x, w = torch.randn(1, 16), torch.randn(8, 16)
+    assert count_torch_calls(lambda: many_rows.linear(x, w)) == count_torch_calls(lambda: F.linear(x, w))
