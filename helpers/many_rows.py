@@ -2,13 +2,15 @@
 calls by default.
 
 On a CPU, F.linear (and so nn.Linear) calls MKL's sgemm. On AMD CPUs that library takes a path slower than
-the CPU allows, while oneDNN (torch's other CPU math library, `torch._C._nn.mkldnn_linear`) picks its code
-for the instruction set it finds. Measured on a 2-core AMD Zen 5 VM (AVX-512), one thread, 512 rows, the
-shapes of the bench's 149M config: 82-94 GFLOP/s through F.linear, 173-188 through oneDNN with the weight
-handed over as it is on every call; a 512-token prefill of that model spent 86% of its time in these
-products. For few rows the library's own kernel is as fast or faster (8 rows of the course model's
-projections: 0.35-0.83x with oneDNN), hence MIN_ROWS. The bench's prefill rows against llama.cpp
-(`python -m helpers.bench --rows llama-cpp`) time it on the machine at hand.
+the CPU allows, while oneDNN (torch's other CPU math library, here through
+`torch.ops.mkldnn._linear_pointwise`, the op inductor itself emits for a linear layer) picks its code for
+the instruction set it finds. Measured on a 2-core AMD Zen 5 VM (AVX-512), one thread, 512 rows, the shapes
+of the bench's 149M config: 82-94 GFLOP/s through F.linear, 173-188 through oneDNN with the weight handed
+over as it is on every call (plain tensors in and out, nothing converted); the model's 512-token prefill,
+86% of it in these products, went from 2.14 s to 1.08-1.13 s in one process. For few rows the library's
+own kernel is as fast or faster (8 rows of the course model's projections: 0.35-0.83x with oneDNN), hence
+MIN_ROWS. The bench's prefill rows against llama.cpp (`python -m helpers.bench --rows llama-cpp`) time it
+on the machine at hand.
 
 `linear(x, weight)` takes oneDNN for float32 on a CPU with at least MIN_ROWS rows, eagerly (while
 torch.compile traces, the generated graph makes its own choice), with no gradient to record (oneDNN's
@@ -17,7 +19,7 @@ everything else is F.linear. The two add in different orders: equal to
 float32 rounding, not bit for bit.
 
 Left out: keeping a weight in oneDNN's blocked layout between calls (a second copy to keep in step with the
-parameter; the per-call hand-over cost 0-5% at these shapes), 16-bit dtypes, GPUs.
+parameter; handing it over plain cost 0-5% at these shapes), 16-bit dtypes, GPUs.
 """
 
 from __future__ import annotations
@@ -51,5 +53,5 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.linear(x, weight)
     lead, K = x.shape[:-1], x.shape[-1]
     rows = x.reshape(-1, K).contiguous()  # (M, K)
-    y = torch._C._nn.mkldnn_linear(rows.to_mkldnn(), weight.contiguous().to_mkldnn())  # (M, N), oneDNN's tensor
-    return y.to_dense().reshape(*lead, weight.shape[0])
+    y = torch.ops.mkldnn._linear_pointwise(rows, weight.contiguous(), None, "none", [], "")  # (M, N), plain
+    return y.reshape(*lead, weight.shape[0])

@@ -24,8 +24,8 @@ def test_many_rows_equal_f_linear_to_rounding(lead):
 @needs_onednn
 def test_the_onednn_path_is_taken_only_where_it_applies(monkeypatch):
     calls = []
-    real = torch._C._nn.mkldnn_linear
-    monkeypatch.setattr(torch._C._nn, "mkldnn_linear", lambda *a: calls.append(1) or real(*a))
+    real = torch.ops.mkldnn._linear_pointwise
+    monkeypatch.setattr(many_rows.torch.ops.mkldnn, "_linear_pointwise", lambda *a: calls.append(1) or real(*a))
     w = torch.randn(8, 16)
     many_rows.linear(torch.randn(many_rows.MIN_ROWS, 16), w)
     assert len(calls) == 1
