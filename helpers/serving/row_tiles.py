@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import torch
 
+from .. import many_rows
+
 MAX_PROBE_ROWS = 256  # tiles are at most this many rows: the probe tries every M up to it
 _found: dict[tuple, int] = {}  # signature of a row-wise function -> its smallest invariant M
 
@@ -72,14 +74,17 @@ def _signature(fns, width: int, hi: int) -> tuple:
 
 
 def invariant_widths(model, max_rows: int, fallback: int) -> tuple[int, int]:
-    """(lo, hi) for `tiled`: hi = max(fallback, min(max_rows, MAX_PROBE_ROWS)), lo the smallest M from which
-    every row-wise function of the step is invariant up to hi (the head up to `fallback` rows, the most it
-    sees: one per request); (fallback, fallback) when that lo would exceed fallback. Measured once per
-    process, thread count and function signature (about a second for the course model)."""
+    """(lo, hi) for `tiled`: hi = max(fallback, min(max_rows, MAX_PROBE_ROWS, many_rows.MIN_ROWS - 1)), lo the
+    smallest M from which every row-wise function of the step is invariant up to hi (the head up to
+    `fallback` rows, the most it sees: one per request); (fallback, fallback) when that lo would exceed
+    fallback. Measured once per process, thread count and function signature (about a second for the course
+    model)."""
     for name, value in (("max_rows", max_rows), ("fallback", fallback)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be an int >= 1; got {value!r}")
-    hi = max(fallback, min(max_rows, MAX_PROBE_ROWS))
+    # tiles stay under many_rows.MIN_ROWS: from there the projections multiply through oneDNN, whose sums add
+    # in another order, so a range crossing it is never invariant (probed: it sent every step to the fallback)
+    hi = max(fallback, min(max_rows, MAX_PROBE_ROWS, many_rows.MIN_ROWS - 1))
     funcs = row_functions(model)
     lo = 1
     for i, (fns, width) in enumerate(funcs):
