@@ -24,8 +24,6 @@ parameter; handing it over plain cost 0-5% at these shapes), 16-bit dtypes, GPUs
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import _get_current_dispatch_mode
@@ -35,12 +33,16 @@ MIN_ROWS = 128  # rows at which oneDNN's GEMM is taken (172-row products: 1.5-2.
 
 def _onednn_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     # tensor attributes and shapes only (no torch calls, so call counts such as chapter 07's see none);
-    # compiling first, so that dynamo traces nothing of this but the answer
-    if torch.compiler.is_compiling() or x.device.type != "cpu":
+    # compiling first: dynamo then traces nothing of this (a test on the rows would guard a graph traced with a
+    # dynamic number of rows, the serving step's, and recompile it); then the rows, where decode leaves
+    if torch.compiler.is_compiling():
         return False
-    if x.dtype != torch.float32 or weight.dtype != torch.float32 or len(weight.shape) != 2:
+    shape = x.shape
+    if len(shape) < 2 or shape.numel() < MIN_ROWS * shape[-1]:
         return False
-    if math.prod(x.shape[:-1]) < MIN_ROWS or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+    if x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32:
+        return False
+    if len(weight.shape) != 2 or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
         return False
     # a dispatch mode watching the aten ops (a FLOP counter) sees F.linear's matmul, which it knows how to count
     return _get_current_dispatch_mode() is None and torch.backends.mkldnn.is_available()
