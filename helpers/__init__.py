@@ -58,7 +58,7 @@ Three wings, each a folder with its own map in its __init__.py:
                          layer and attention maps, chapter 05's allocation simulator, exercises/
 
 How the modules depend on each other (A above B when A imports B; nothing imports upwards, no cycles).
-Counting each folder as one unit, the package, scripts/ and .ci/ make 39 units on 8 levels joined by 127
+Counting each folder as one unit, the package, scripts/ and .ci/ make 39 units on 8 levels joined by 128
 imports:
     level 1  tokenizer, sampling, stopping, regex_automaton, nf4, many_rows, device, processes, progress,
              paths, cache_layout, options: import nothing of the package
