@@ -15,20 +15,23 @@ on the machine at hand.
 `linear(x, weight)` takes oneDNN for float32 on a CPU with at least MIN_ROWS rows, eagerly (while
 torch.compile traces, the generated graph makes its own choice), with no gradient to record (oneDNN's
 product here has no backward) and no dispatch mode watching (a FLOP counter counts F.linear's matmul);
-everything else is F.linear. The two add in different orders: equal to
-float32 rounding, not bit for bit.
+everything else is F.linear. The two add in different orders: equal to float32 rounding, not bit for bit.
 
-Left out: keeping a weight in oneDNN's blocked layout between calls (a second copy to keep in step with the
+Left out: CPUs other than x86 (an Arm build of torch multiplies through other libraries: not measured here),
+keeping a weight in oneDNN's blocked layout between calls (a second copy to keep in step with the
 parameter; handing it over plain cost 0-5% at these shapes), 16-bit dtypes, GPUs.
 """
 
 from __future__ import annotations
+
+import platform
 
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 MIN_ROWS = 128  # rows at which oneDNN's GEMM is taken (172-row products: 1.5-2.0x faster; 8 rows: slower)
+X86 = platform.machine().lower() in ("x86_64", "amd64")  # where torch's default CPU library is MKL
 
 
 def _onednn_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -40,7 +43,7 @@ def _onednn_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     shape = x.shape
     if len(shape) < 2 or shape.numel() < MIN_ROWS * shape[-1]:
         return False
-    if x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32:
+    if not X86 or x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32:
         return False
     if len(weight.shape) != 2 or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
         return False
