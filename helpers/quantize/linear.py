@@ -26,10 +26,10 @@ multiplied by torch's real kernels (`kernel=`):
                   unpacking is two bit operations in that loop. Eager it is slow (the broadcast product
                   is materialized), and inputs of more than one row (prefill, batch > 1) take the
                   "reference" path (whose many-row products go through oneDNN: the bench's 149M int8 and
-                  fp16 prefills, see many_rows.py). The output rows are cut into ROW_SPLIT blocks, each its own sum:
-                  inductor runs sums of the same loop shape in one loop with one accumulator each, and a
-                  single accumulator's chain of dependent additions held the int8 loop to about 6 GB/s
-                  of codes (the fused gate/up product: 0.97 ms for 5.8 MB; the CPU waits on each add),
+                  fp16 prefills, see many_rows.py). The output rows are cut into ROW_SPLIT blocks, each
+                  its own sum: inductor runs sums of the same loop shape in one loop with one accumulator
+                  each, and a single accumulator's chain of dependent additions held the int8 loop to
+                  about 6 GB/s of codes (the fused gate/up product: 0.97 ms for 5.8 MB; the CPU waits on each add),
                   where the same loop over 11 products at once read 11.5 GB/s.
                   Measured here (2-core Intel Xeon Sapphire Rapids VM, AVX-512/AMX, torch 2.13, one
                   thread, bench-150m random weights, FastGenerator step at position 16, helpers.bench's
