@@ -3,14 +3,14 @@ calls by default.
 
 On a CPU, F.linear (and so nn.Linear) calls MKL's sgemm. On AMD CPUs that library takes a path slower than
 the CPU allows, while oneDNN (torch's other CPU math library, here through
-`torch.ops.mkldnn._linear_pointwise`, the op inductor itself emits for a linear layer) picks its code for
-the instruction set it finds. Measured on a 2-core AMD Zen 5 VM (AVX-512), one thread, 512 rows, the shapes
-of the bench's 149M config: 82-94 GFLOP/s through F.linear, 173-188 through oneDNN with the weight handed
-over as it is on every call (plain tensors in and out, nothing converted); the model's 512-token prefill,
-86% of it in these products, went from 2.14 s to 1.08-1.13 s in one process. For few rows the library's
-own kernel is as fast or faster (8 rows of the course model's projections: 0.35-0.83x with oneDNN), hence
-MIN_ROWS. The bench's prefill rows against llama.cpp (`python -m helpers.bench --rows llama-cpp`) time it
-on the machine at hand.
+`torch.ops.mkldnn._linear_pointwise`, the op inductor emits for a linear layer of a dynamic number of rows)
+picks its code for the instruction set it finds. Measured on a 2-core AMD Zen 5 VM (AVX-512), one thread,
+512 rows, the shapes of the bench's 149M config: 82-94 GFLOP/s through F.linear, 173-188 through oneDNN with
+the weight handed over as it is on every call (plain tensors in and out, nothing converted); the model's
+512-token prefill, 86% of it in these products, went from 2.14 s to 1.08-1.13 s in one process. For few rows
+the library's own kernel is as fast or faster (8 rows of the course model's projections: 0.35-0.83x with
+oneDNN), hence MIN_ROWS. The bench's prefill rows against llama.cpp (`python -m helpers.bench --rows
+llama-cpp`) time it on the machine at hand.
 
 `linear(x, weight)` takes oneDNN for float32 on a CPU with at least MIN_ROWS rows, eagerly (while
 torch.compile traces, the generated graph makes its own choice), with no gradient to record (oneDNN's
