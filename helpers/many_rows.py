@@ -12,7 +12,12 @@ the library's own kernel is as fast or faster (8 rows of the course model's proj
 oneDNN), hence MIN_ROWS. The bench's prefill rows against llama.cpp (`python -m helpers.bench --rows
 llama-cpp`) time it on the machine at hand.
 
-`linear(x, weight)` takes oneDNN for float32 on a CPU with at least MIN_ROWS rows, eagerly (while
+oneDNN wins only where it may use the CPU's wide vector instructions: with oneDNN held to SSE4.1 and torch's
+kernels to its default capability (the course's restricted-CPU run), the same products ran at 30-38 GFLOP/s
+through oneDNN against 74-94 through F.linear; held to AVX2, oneDNN was 1.1-1.3x F.linear. So ONEDNN_FAST, set
+once at import, asks for an x86 CPU on which torch found AVX2 or AVX-512 and oneDNN is not held below AVX2.
+
+`linear(x, weight)` takes oneDNN where ONEDNN_FAST, for float32 on a CPU with at least MIN_ROWS rows, eagerly (while
 torch.compile traces, the generated graph makes its own choice), with no gradient to record (oneDNN's
 product here has no backward) and no dispatch mode watching (a FLOP counter counts F.linear's matmul);
 everything else is F.linear. The two add in different orders: equal to float32 rounding, not bit for bit.
@@ -24,6 +29,7 @@ parameter; handing it over plain cost 0-5% at these shapes), 16-bit dtypes, GPUs
 
 from __future__ import annotations
 
+import os
 import platform
 
 import torch
@@ -31,7 +37,19 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 MIN_ROWS = 128  # rows at which oneDNN's GEMM is taken (172-row products: 1.5-2.0x faster; 8 rows: slower)
-X86 = platform.machine().lower() in ("x86_64", "amd64")  # where torch's default CPU library is MKL
+
+
+def onednn_is_fast() -> bool:
+    """True on an x86 CPU (where torch's default CPU library is MKL) with AVX2 or AVX-512 as torch sees it
+    (`ATEN_CPU_CAPABILITY` can lower that), oneDNN not held below AVX2 (`ONEDNN_MAX_CPU_ISA`), oneDNN built in."""
+    if platform.machine().lower() not in ("x86_64", "amd64") or not torch.backends.mkldnn.is_available():
+        return False
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        return False
+    return os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper() not in ("SSE41", "AVX")
+
+
+ONEDNN_FAST = onednn_is_fast()  # read once: the choice stays the same for the whole process
 
 
 def _onednn_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -43,12 +61,12 @@ def _onednn_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     shape = x.shape
     if len(shape) < 2 or shape.numel() < MIN_ROWS * shape[-1]:
         return False
-    if not X86 or x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32:
+    if not ONEDNN_FAST or x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32:
         return False
     if len(weight.shape) != 2 or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
         return False
     # a dispatch mode watching the aten ops (a FLOP counter) sees F.linear's matmul, which it knows how to count
-    return _get_current_dispatch_mode() is None and torch.backends.mkldnn.is_available()
+    return _get_current_dispatch_mode() is None
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

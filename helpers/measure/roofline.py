@@ -49,8 +49,8 @@ def _check_int(name, value, minimum):
 def measure_matmul_flops(device, n: int | None = None, dtype=None, repeats: int = 5, warmup: int = 1) -> Rate:
     """Time (n x n) @ (n x n): 2 n^3 FLOPs per call. Defaults: n = 1536 on a CPU, 8192 on a GPU;
     fp32 on a CPU, bf16 on a GPU that supports it. In float32 on a CPU, both math libraries torch carries
-    are timed, its default BLAS (torch.mm) and oneDNN (many_rows.linear, what the course's many-row
-    products take), and the faster is the peak: on some CPUs one runs at about half the other's rate."""
+    are timed where many_rows takes oneDNN (many_rows.ONEDNN_FAST), its default BLAS (torch.mm) and oneDNN
+    (many_rows.linear), and the faster is the peak: on some CPUs one runs at about half the other's rate."""
     device = torch.device(device)
     n = n if n is not None else (1536 if device.type == "cpu" else 8192)
     _check_int("n", n, 1)
@@ -60,7 +60,7 @@ def measure_matmul_flops(device, n: int | None = None, dtype=None, repeats: int 
     b = torch.randn(n, n, device=device).to(dtype)
     out = torch.empty(n, n, device=device, dtype=dtype)
     seconds = time_call(lambda: torch.mm(a, b, out=out), device, repeats=repeats, warmup=warmup)
-    if device.type == "cpu" and dtype == torch.float32 and n >= many_rows.MIN_ROWS:
+    if device.type == "cpu" and dtype == torch.float32 and n >= many_rows.MIN_ROWS and many_rows.ONEDNN_FAST:
         with torch.no_grad():
             onednn = time_call(lambda: many_rows.linear(a, b), device, repeats=repeats, warmup=warmup)
         seconds = min(seconds, onednn)
