@@ -80,3 +80,60 @@ def test_no_torch_calls_are_added_for_one_row():
 
     x, w = torch.randn(1, 16), torch.randn(8, 16)
     assert count_torch_calls(lambda: many_rows.linear(x, w)) == count_torch_calls(lambda: F.linear(x, w))
+
+
+@pytest.mark.parametrize(
+    "capability, flags, onednn_isa, fast",
+    [
+        ("AVX512", {"avx512f", "avx512_bf16"}, None, True),
+        ("AVX512", {"avx512f", "amx_bf16"}, None, True),
+        ("AVX512", {"avx512f"}, None, False),  # oneDNN would emulate bf16
+        ("AVX2", {"avx2", "avx512_bf16"}, None, False),
+        ("AVX512", {"avx512f", "avx512_bf16"}, "AVX512_CORE", False),  # oneDNN held below its bf16 code
+    ],
+)
+def test_bf16_is_fast_only_with_bf16_instructions(monkeypatch, capability, flags, onednn_isa, fast):
+    monkeypatch.setattr(many_rows, "ONEDNN_FAST", True)
+    monkeypatch.setattr(many_rows.torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(many_rows, "_cpu_flags", lambda: flags)
+    if onednn_isa is None:
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    else:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", onednn_isa)
+    assert many_rows.bf16_is_fast() is fast
+
+
+needs_bf16 = pytest.mark.skipif(not many_rows.BF16_FAST, reason="taken where oneDNN multiplies in bf16 instructions")
+
+
+@needs_bf16
+def test_int4_many_rows_dequantize_to_the_kernels_values(monkeypatch):
+    from helpers.quantize import linear as qlinear
+    from helpers.quantize.linear import QuantizedLinear
+
+    torch.manual_seed(0)
+    w = torch.randn(128, 256) * 0.05
+    layer = QuantizedLinear(w, "int4", group_size=64)
+    assert layer.kernel == "int4pack" and layer._dequantizes_many_rows
+    reference = QuantizedLinear(w, "int4", group_size=64, kernel="reference")
+    # the packed codes read back are the reference layer's codes, and so is the whole dequantized weight
+    codes = qlinear.arithmetic.unpack_int4(reference.qweight)  # (N, K) uint8
+    assert torch.equal(qlinear.unpack_int4pack_cpu(layer.qweight, 128).t(), codes)
+    w_t = qlinear.dequantize_int4pack_cpu(layer.qweight, layer.scales_and_zeros, 64)  # (K, N) bf16
+    assert torch.equal(w_t.t(), reference.dequantized_weight(torch.float32).to(torch.bfloat16))
+    calls = []
+    real = qlinear.dequantize_int4pack_cpu
+    monkeypatch.setattr(qlinear, "dequantize_int4pack_cpu", lambda *a: calls.append(1) or real(*a))
+    many = torch.randn(2, qlinear.INT4_DEQUANTIZE_MIN_ROWS // 2, 256)  # rows counted over the leading dims
+    few = torch.randn(qlinear.INT4_DEQUANTIZE_MIN_ROWS - 1, 256)
+    with torch.no_grad():
+        y_many, y_few = layer(many), layer(few)
+    assert len(calls) == 1 and y_many.shape == (2, qlinear.INT4_DEQUANTIZE_MIN_ROWS // 2, 128)
+    kernel = torch.ops.aten._weight_int4pack_mm_for_cpu(
+        many.reshape(-1, 256).bfloat16(), layer.qweight, 64, layer.scales_and_zeros
+    ).float()
+    # both multiply bf16 activations by the same bf16-representable weights, summing in float32: equal to
+    # the rounding of their bf16 outputs
+    torch.testing.assert_close(y_many.reshape(-1, 128), kernel, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(y_many, reference(many), rtol=2e-2, atol=2e-2)
+    assert y_few.shape == (qlinear.INT4_DEQUANTIZE_MIN_ROWS - 1, 128)
