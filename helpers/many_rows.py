@@ -22,6 +22,9 @@ torch.compile traces, the generated graph makes its own choice), with no gradien
 product here has no backward) and no dispatch mode watching (a FLOP counter counts F.linear's matmul);
 everything else is F.linear. The two add in different orders: equal to float32 rounding, not bit for bit.
 
+BF16_FAST says where oneDNN multiplies bfloat16 in the CPU's own bf16 instructions: quantize/linear.py's int4
+layers then run a prefill as one bf16 GEMM over their dequantized weight.
+
 Left out: CPUs other than x86 (an Arm build of torch multiplies through other libraries: not measured here),
 keeping a weight in oneDNN's blocked layout between calls (a second copy to keep in step with the
 parameter; handing it over plain cost 0-5% at these shapes), 16-bit dtypes, GPUs.
