@@ -65,6 +65,8 @@ multiplied by torch's real kernels (`kernel=`):
 
 from __future__ import annotations
 
+import threading
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -345,15 +347,17 @@ def unpack_int4pack_cpu(packed: torch.Tensor, N: int) -> torch.Tensor:
     return codes.permute(1, 0, 2).reshape(K, N)  # (K, N)
 
 
-# reused between calls (grown to the largest weight): fresh buffers of this size are faulted in page by page on
-# first touch, which cost more than the arithmetic (the same dequantization took 27-34 ms with new buffers)
-_WORKSPACES: dict[torch.dtype, torch.Tensor] = {}
+# reused between calls (grown to the largest weight; one set per thread, so that a server's engine thread and
+# the caller's never share one): fresh buffers of this size are faulted in page by page on first touch, which
+# cost more than the arithmetic (the same dequantization took 27-34 ms with new buffers)
+_WORKSPACES = threading.local()
 
 
 def _workspace(numel: int, dtype: torch.dtype) -> torch.Tensor:
-    buffer = _WORKSPACES.get(dtype)
+    buffers = _WORKSPACES.__dict__.setdefault("by_dtype", {})  # this thread's {dtype: buffer}
+    buffer = buffers.get(dtype)
     if buffer is None or buffer.numel() < numel:
-        buffer = _WORKSPACES[dtype] = torch.empty(numel, dtype=dtype)
+        buffer = buffers[dtype] = torch.empty(numel, dtype=dtype)
     return buffer[:numel]
 
 
