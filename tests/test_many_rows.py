@@ -132,8 +132,8 @@ def test_int4_many_rows_dequantize_to_the_kernels_values(monkeypatch):
     kernel = torch.ops.aten._weight_int4pack_mm_for_cpu(
         many.reshape(-1, 256).bfloat16(), layer.qweight, 64, layer.scales_and_zeros
     ).float()
-    # both multiply bf16 activations by the same bf16-representable weights, summing in float32: equal to
-    # the rounding of their bf16 outputs
+    # both multiply bf16 activations and sum in float32 into bf16 outputs; the kernel keeps each dequantized
+    # weight in float32 where this path rounds it to bf16: equal to a few units of the outputs' bf16 rounding
     torch.testing.assert_close(y_many.reshape(-1, 128), kernel, rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(y_many, reference(many), rtol=2e-2, atol=2e-2)
     assert y_few.shape == (qlinear.INT4_DEQUANTIZE_MIN_ROWS - 1, 128)
