@@ -328,9 +328,11 @@ def pack_for_int4_kernel(q: torch.Tensor, inner_k_tiles: int) -> torch.Tensor:
     return torch.ops.aten._convert_weight_to_int4pack(pairs, inner_k_tiles)  # (N/8, K/(tiles*16), 32, tiles/2)
 
 
-# The CPU int4 kernel's packed layout on a CPU with AVX-512 (torch 2.13's _convert_weight_to_int4pack_for_cpu):
-# the rows in blocks of 64; within a block, for each k, 32 bytes whose low nibbles are rows 0..31 and high
-# nibbles rows 32..63. Other CPUs block differently; QuantizedLinear checks the layout on its own codes.
+# The CPU int4 kernel's packed layout where torch runs its AVX-512 kernels (torch 2.13's
+# _convert_weight_to_int4pack_for_cpu blocks the rows by four float vectors: 64 there, 32 under AVX2 and the
+# portable kernels, which also lay the bytes out otherwise): the rows in blocks of 64; within a block, for each
+# k, 32 bytes whose low nibbles are rows 0..31 and high nibbles rows 32..63 (a last block of fewer rows is packed
+# otherwise, hence N % 64). QuantizedLinear checks the layout on its own codes before reading it.
 INT4PACK_CPU_BLOCK = 64
 # From this many rows, dequantizing the whole weight to bf16 and one bf16 GEMM beat the int4 kernel: one
 # 1024 x 5632 weight on the Zen 5 VM, one thread: the kernel 0.076 ms a row, the GEMM 0.026 ms a row after a
