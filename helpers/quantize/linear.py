@@ -258,6 +258,7 @@ class QuantizedLinear(nn.Module):
             not torch.compiler.is_compiling()  # first: a test on the rows would guard a compiled graph
             and self._dequantizes_many_rows
             and x2.shape[0] >= INT4_DEQUANTIZE_MIN_ROWS
+            and not (torch.is_grad_enabled() and x2.requires_grad)  # a backward would read a reused workspace
         ):  # many rows on a CPU with bf16 instructions: dequantize once, then one bf16 GEMM
             w_t = dequantize_int4pack_cpu(self.qweight, self.scales_and_zeros, self.group_size)  # (K, N) bf16
             y = torch.mm(x2.to(torch.bfloat16), w_t)  # (M, N)
