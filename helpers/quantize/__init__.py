@@ -95,6 +95,8 @@ def quantize_model(
     kernel: str = "auto",
     quantize_head: bool = False,
     progress: bool = False,
+    head_method: str | None = None,
+    head_kernel: str = "auto",
 ):
     """A quantized copy of a course Transformer: every block's wqkv, wo, w_gate_up and w_down become
     QuantizedLinear. The original model is not changed.
@@ -103,10 +105,20 @@ def quantize_model(
     row per token, not worth compressing for speed), and the output head is the layer most sensitive
     to rounding. quantize_head=True gives the head its own quantized copy of that matrix (the
     embedding keeps the full-precision one), which saves bytes *read* per decode step but stores more.
+    head_method (with head_kernel) gives the head a format of its own, and implies quantize_head: llama.cpp's
+    quantized files do the same (a q4_0 file keeps the tied matrix at Q6_K, 6.6 bits a weight; a q8_0 file at
+    Q8_0), which the bench's rows against llama.cpp mirror.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}; got {method!r}")
     resolve_kernel(method, kernel, model.device)  # fail before copying a large model
+    if head_method is not None:
+        if head_method not in METHODS:
+            raise ValueError(f"head_method must be one of {METHODS} or None; got {head_method!r}")
+        resolve_kernel(head_method, head_kernel, model.device)
+        quantize_head = True
+    else:
+        head_method, head_kernel = method, kernel
     if method == "int4" and group_size not in KERNEL_GROUP_SIZES:
         raise ValueError(f"group_size must be one of {KERNEL_GROUP_SIZES} for int4; got {group_size!r}")
     targets = [
@@ -130,12 +142,13 @@ def quantize_model(
             parent = getattr(block, parent_name)
             setattr(parent, child, QuantizedLinear.from_linear(getattr(parent, child), method, group_size, kernel))
     if quantize_head:
-        qmodel.head = QuantizedLinear(qmodel.embed.weight, method, group_size, kernel)
+        qmodel.head = QuantizedLinear(qmodel.embed.weight, head_method, group_size, head_kernel)
     qmodel.quantization = {
         "method": method,
         "group_size": group_size if method == "int4" else None,
         "kernel": resolve_kernel(method, kernel, model.device),
         "quantize_head": quantize_head,
+        "head": (head_method, resolve_kernel(head_method, head_kernel, model.device)) if quantize_head else None,
     }
     return qmodel
 

@@ -19,6 +19,13 @@ multiplied by torch's real kernels (`kernel=`):
                   products of 255 x 127 overflow it. There the weights get 7-bit codes (|q| <= 63),
                   so a pair sum is at most 2 x 255 x 63 = 32,130 < 32,767 and the kernel is exact again;
                   `dynamic_weight_bits()` says which applies on this machine (it asks the kernel).
+                  int4, CPU: helpers/quantize/int4_dynamic.cpp, built once per machine with the system's C++
+                  compiler (listed where one is found; group size 64 or a multiple of 128): the 4-bit codes
+                  times the activations rounded to int8 per group, as llama.cpp's q4_0 x q8_0, with AVX512-VNNI
+                  byte dot products where the CPU has them (a scalar loop elsewhere). Up to int4_dynamic.ROUNDED_ROWS
+                  rows (decode, a verify pass); more rows (a prefill) are multiplied unrounded by the weight
+                  dequantized once, in bf16 where many_rows.BF16_FAST, else float32. "auto" never picks it:
+                  rounding the activations moves the output more than the weight's 4 bits do alone.
     "linear_then_scale"  int8: F.linear(x, q.to(x.dtype)) * scale, the form torch.compile fuses into one
                   kernel on a GPU (gpt-fast's weight-only int8). In eager mode it is not fast.
     "fused_dequant"  int8, int4, bf16 or fp16, written for torch.compile: at batch 1 (one input row) the product is
@@ -65,16 +72,24 @@ multiplied by torch's real kernels (`kernel=`):
 
 from __future__ import annotations
 
-import threading
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import many_rows
 from ..row_sums import realized
-from . import arithmetic  # the functions by hand and the tables of formats and kernels, each named where used
+from . import (
+    arithmetic,  # the functions by hand and the tables of formats and kernels, each named where used
+    int4_dynamic,  # the C++ int4 kernel ("dynamic"), built on first use
+)
 from .dynamic import dynamic_weight_bits, prepack_dynamic
+from .int4pack_cpu import (  # the int4 kernel's codes read back, for a prefill as one bf16 GEMM
+    INT4_DEQUANTIZE_MIN_ROWS,
+    INT4PACK_CPU_BLOCK,
+    dequantize_int4pack_cpu,
+    unpack_int4pack_cpu,
+    workspace,
+)
 
 
 def available_kernels(method: str, device) -> list[str]:
@@ -91,6 +106,8 @@ def available_kernels(method: str, device) -> list[str]:
     elif method == "int4" and device.type in ("cpu", "cuda"):
         if device.type == "cpu" or torch.cuda.get_device_capability(device)[0] >= 8:
             out.append("int4pack")
+        if device.type == "cpu" and int4_dynamic.buildable():
+            out.append("dynamic")  # built when a layer first asks for it
     out.append("fused_dequant")  # plain tensor ops: any device
     return out
 
@@ -163,7 +180,16 @@ class QuantizedLinear(nn.Module):
         q, scales, zeros = arithmetic.quantize_groupwise(
             w, bits=4, group_size=group_size, scale_dtype=arithmetic.STORAGE_DTYPE
         )
-        if self.kernel == "fused_dequant":
+        if self.kernel == "dynamic":
+            int4_dynamic.check_group_size(group_size)
+            why_not = int4_dynamic.load()
+            if why_not is not None:
+                raise ValueError(f"kernel 'dynamic' for int4 needs its C++ kernel, which cannot be loaded: {why_not}")
+            self._vnni = int4_dynamic.vnni()  # read once: a compiled graph sees a constant
+            # inputs of up to this many rows are rounded (decode, a verify pass); a quality measurement of the
+            # decode's own arithmetic over whole windows raises it (helpers/bench/llama_cpp.py)
+            self.rounded_rows = int4_dynamic.ROUNDED_ROWS
+        if self.kernel in ("fused_dequant", "dynamic"):
             self.register_buffer("qweight", arithmetic.pack_int4_halves(q, group_size))  # (N, G, g/2) uint8
             self.register_buffer("scales", scales)  # (N, G) bf16
             self.register_buffer("zeros", zeros)  # (N, G) bf16
@@ -204,8 +230,8 @@ class QuantizedLinear(nn.Module):
         return torch.ops.quantized.linear_unpack(self._packed)[0].int_repr()
 
     def dequantized_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """The (N, K) matrix this layer multiplies by. For int4 only with kernel="reference" (the
-        kernels' tiled layouts are opaque; build a reference layer from the same weight instead)."""
+        """The (N, K) matrix this layer multiplies by. For int4 only with kernel="reference", "fused_dequant"
+        or "dynamic" (int4pack's tiled layout is opaque; build a reference layer from the same weight instead)."""
         dtype = dtype or self.dtype
         if self.method in arithmetic.FLOAT_FORMATS:
             return self.qweight.to(dtype)
@@ -215,13 +241,13 @@ class QuantizedLinear(nn.Module):
             else:
                 q = self.qweight
             return arithmetic.dequantize_absmax(q, self.scales.unsqueeze(1), dtype)
-        if self.kernel == "fused_dequant":
+        if self.kernel in ("fused_dequant", "dynamic"):
             codes = arithmetic.unpack_int4_halves(self.qweight)  # (N, K) uint8
         elif self.kernel == "reference":
             codes = arithmetic.unpack_int4(self.qweight)
         else:
             raise ValueError(
-                "dequantized_weight of an int4 layer needs kernel='reference' or 'fused_dequant'; "
+                "dequantized_weight of an int4 layer needs kernel='reference', 'fused_dequant' or 'dynamic'; "
                 f"got kernel={self.kernel!r}"
             )
         return arithmetic.dequantize_groupwise(codes, self.scales, self.zeros, self.group_size, dtype=dtype)
@@ -244,7 +270,9 @@ class QuantizedLinear(nn.Module):
             return self._fused_dequant_row(x)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)  # (M, K)
-        if self.kernel == "dynamic":
+        if self.kernel == "dynamic" and self.method == "int4":
+            y = self._int4_dynamic(x2)
+        elif self.kernel == "dynamic":
             y = torch.ops.quantized.linear_dynamic(x2.float().contiguous(), self._packed)
         elif self.kernel == "int8pack" and x2.device.type != "cpu":
             y = torch.ops.aten._weight_int8pack_mm(x2.contiguous(), self.qweight, self.scales.to(x.dtype))
@@ -267,6 +295,25 @@ class QuantizedLinear(nn.Module):
                 x2.to(torch.bfloat16).contiguous(), self.qweight, self.group_size, self.scales_and_zeros
             )
         return y.to(x.dtype).reshape(*lead, self.out_features)
+
+    def _int4_dynamic(self, x2: torch.Tensor) -> torch.Tensor:
+        """(M, K) -> (M, N) float32: the rounded-activation kernel for few rows, one GEMM for many."""
+        g = self.group_size
+        if torch.compiler.is_compiling() or x2.shape[0] <= self.rounded_rows:
+            return torch.ops.course_int4.dynamic_mm(
+                x2.float().contiguous(), self.qweight, self.scales, self.zeros, g, self._vnni
+            )
+        dtype = torch.bfloat16 if many_rows.BF16_FAST else torch.float32  # see many_rows.BF16_FAST
+        if torch.is_grad_enabled() and x2.requires_grad:  # a backward would read a reused workspace
+            w = int4_dynamic.dequantize(
+                self.qweight, self.scales, self.zeros, g, torch.empty(self.out_features, self.in_features, dtype=dtype)
+            )
+        else:
+            w = workspace(self.out_features * self.in_features, dtype).view(self.out_features, self.in_features)
+            int4_dynamic.dequantize(self.qweight, self.scales, self.zeros, g, w)  # (N, K)
+        if dtype == torch.bfloat16:
+            return torch.mm(x2.to(torch.bfloat16), w.t()).float()
+        return many_rows.linear(x2.float(), w)
 
     def _fused_dequant_row(self, x: torch.Tensor) -> torch.Tensor:
         """One input row, (..., K) with a single row -> (..., N), as elementwise work plus one sum over K:
@@ -327,52 +374,3 @@ def pack_for_int4_kernel(q: torch.Tensor, inner_k_tiles: int) -> torch.Tensor:
     # CUDA: (N, K/2) uint8 with the even k in the HIGH nibble, then the tensor-core tile layout
     pairs = ((q[:, 0::2] << 4) | q[:, 1::2]).contiguous()  # (N, K/2) uint8
     return torch.ops.aten._convert_weight_to_int4pack(pairs, inner_k_tiles)  # (N/8, K/(tiles*16), 32, tiles/2)
-
-
-# The CPU int4 kernel's packed layout where torch runs its AVX-512 kernels (torch 2.13's
-# _convert_weight_to_int4pack_for_cpu blocks the rows by four float vectors: 64 there, 32 under AVX2 and the
-# portable kernels, which also lay the bytes out otherwise): the rows in blocks of 64; within a block, for each
-# k, 32 bytes whose low nibbles are rows 0..31 and high nibbles rows 32..63 (a last block of fewer rows is packed
-# otherwise, hence N % 64). QuantizedLinear checks the layout on its own codes before reading it.
-INT4PACK_CPU_BLOCK = 64
-# From this many rows, dequantizing the whole weight to bf16 and one bf16 GEMM beat the int4 kernel: one
-# 1024 x 5632 weight on the Zen 5 VM, one thread: the kernel 0.076 ms a row, the GEMM 0.026 ms a row after a
-# 7.2 ms dequantization (even at 144 rows; 1.4x at 256, 1.9x at 512)
-INT4_DEQUANTIZE_MIN_ROWS = 256
-
-
-def unpack_int4pack_cpu(packed: torch.Tensor, N: int) -> torch.Tensor:
-    """The (K, N) uint8 codes (0..15, transposed) held in the CPU int4 kernel's layout (see INT4PACK_CPU_BLOCK);
-    N a multiple of 64."""
-    K = packed.numel() * 2 // N
-    blocks = packed.view(N // INT4PACK_CPU_BLOCK, K, INT4PACK_CPU_BLOCK // 2)  # (N/64, K, 32)
-    codes = torch.cat([blocks & 15, blocks >> 4], -1)  # (N/64, K, 64): rows 0..31, then 32..63 of each block
-    return codes.permute(1, 0, 2).reshape(K, N)  # (K, N)
-
-
-# reused between calls (grown to the largest weight; one set per thread, so that a server's engine thread and
-# the caller's never share one): fresh buffers of this size are faulted in page by page on first touch, which
-# cost more than the arithmetic (the same dequantization took 27-34 ms with new buffers)
-_WORKSPACES = threading.local()
-
-
-def _workspace(numel: int, dtype: torch.dtype) -> torch.Tensor:
-    buffers = _WORKSPACES.__dict__.setdefault("by_dtype", {})  # this thread's {dtype: buffer}
-    buffer = buffers.get(dtype)
-    if buffer is None or buffer.numel() < numel:
-        buffer = buffers[dtype] = torch.empty(numel, dtype=dtype)
-    return buffer[:numel]
-
-
-def dequantize_int4pack_cpu(packed: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int) -> torch.Tensor:
-    """W transposed, (K, N) bf16, from the CPU int4 kernel's packed codes and its (G, N, 2) scales and zeros:
-    (code - 8) * scale + zero in float32, rounded once to bf16. Returns a workspace that the next call
-    overwrites: use it before calling again (QuantizedLinear multiplies by it at once). About 7 ms for
-    1024 x 5632 on the Zen 5 VM, one thread; a compiled version of the same expression, with dynamic
-    shapes, ran 10x slower."""
-    G, N, _ = scales_and_zeros.shape
-    K = G * group_size
-    w = _workspace(K * N, torch.float32).view(G, group_size, N)  # (G, g, N)
-    w.copy_(unpack_int4pack_cpu(packed, N).view(G, group_size, N))
-    w.sub_(8).mul_(scales_and_zeros[..., 0].unsqueeze(1)).add_(scales_and_zeros[..., 1].unsqueeze(1))
-    return _workspace(K * N, torch.bfloat16).view(K, N).copy_(w.view(K, N))  # (K, N)
