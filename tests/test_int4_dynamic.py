@@ -28,7 +28,17 @@ needs_kernel = pytest.mark.skipif(not BUILT, reason=f"the int4 kernel cannot be 
 def codes_of(N, K, g, seed=0):
     w = torch.randn(N, K, generator=torch.Generator().manual_seed(seed))
     q, s, z = quantize_groupwise(w, bits=4, group_size=g, scale_dtype=torch.bfloat16)
-    return q, pack_int4_halves(q, g), s, z
+    return q, int4_dynamic.pack(q, g), s, z
+
+
+@pytest.mark.parametrize("N,K,g", [(8, 704, 64), (11, 256, 64), (6, 384, 128), (3, 128, 64)])
+def test_interleaving_rows_is_undone(N, K, g):
+    q, codes, _, _ = codes_of(N, K, g)
+    plain = pack_int4_halves(q, g)
+    assert torch.equal(int4_dynamic.deinterleave_rows(codes), plain)
+    if N >= int4_dynamic.ROWS_AT_ONCE:  # a whole block: its second row's first 64 bytes follow the first row's
+        flat = codes.reshape(N, -1).flatten()
+        assert torch.equal(flat[64:128], plain.reshape(N, -1)[1, :64])
 
 
 def test_listed_only_with_a_compiler(monkeypatch):
@@ -44,9 +54,9 @@ def test_listed_only_with_a_compiler(monkeypatch):
     [
         (256, 704, 64, 1),  # the course model's w_down: 11 groups, the last unit half full
         (384, 256, 64, 3),
-        (40, 2816, 64, 1),  # 44 groups: three blocks of 16, the last of 12
+        (42, 2816, 64, 1),  # 44 groups: three blocks of 16, the last of 12; 42 rows: two left after the blocks
         (16, 384, 128, 2),
-        (24, 512, 256, 5),
+        (23, 512, 256, 5),
     ],
 )
 @pytest.mark.parametrize("vnni", [False, True])

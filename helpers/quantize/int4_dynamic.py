@@ -100,6 +100,8 @@ def load() -> str | None:
         torch.ops.load_library(str(path))
     except (RuntimeError, OSError, subprocess.SubprocessError) as err:
         return str(err)
+    if torch.ops.course_int4.rows_at_once() != ROWS_AT_ONCE:
+        return f"{SOURCE.name} interleaves {torch.ops.course_int4.rows_at_once()} rows, this module {ROWS_AT_ONCE}"
     _register_fake()
     return None
 
@@ -131,7 +133,7 @@ def check_group_size(group_size: int) -> None:
 
 
 def mm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int):
-    """x (M, K) float32 times the weight of `codes` (N, G, g/2) uint8 (halves layout), `scales` and `zeros`
+    """x (M, K) float32 times the weight of `codes` (N, G, g/2) uint8 (the kernel's layout: pack), `scales` and `zeros`
     (N, G) bf16 -> (M, N) float32, the activations rounded to int8 per group."""
     return torch.ops.course_int4.dynamic_mm(x, codes, scales, zeros, group_size, vnni())
 
@@ -140,6 +142,43 @@ def dequantize(codes, scales, zeros, group_size: int, out: torch.Tensor) -> torc
     """The (N, K) weight in out's dtype (float32 or bfloat16), written into `out`."""
     torch.ops.course_int4.dequantize(codes, scales, zeros, group_size, out)
     return out
+
+
+ROWS_AT_ONCE = 4  # rows per interleaved block: the C++ loop's (load() checks that the two agree)
+
+
+def interleave_rows(codes: torch.Tensor) -> torch.Tensor:
+    """Halves-layout codes (N, G, g/2) -> the kernel's layout, same shape: in each block of ROWS_AT_ONCE rows,
+    64 bytes of the first row, 64 of the second, ..., then the next 64 of each (a last 32-byte half unit
+    likewise), so the loop computing a block's rows side by side reads one sequential stream. Rows after the
+    last whole block stay as they are."""
+    N, R = codes.shape[0], ROWS_AT_ONCE
+    flat = codes.reshape(N, -1)  # (N, row_bytes)
+    row_bytes, N4 = flat.shape[1], N - N % R
+    full = row_bytes // 64 * 64
+    blocks = flat[:N4].reshape(N4 // R, R, row_bytes)  # (B, R, row_bytes)
+    units = blocks[:, :, :full].reshape(N4 // R, R, full // 64, 64).transpose(1, 2).reshape(N4 // R, R * full)
+    half = blocks[:, :, full:].reshape(N4 // R, R * (row_bytes - full))  # (B, R * 32) or empty
+    return torch.cat([torch.cat([units, half], 1).reshape(N4, row_bytes), flat[N4:]]).reshape(codes.shape)
+
+
+def deinterleave_rows(codes: torch.Tensor) -> torch.Tensor:
+    """The inverse of interleave_rows: the kernel's layout -> halves-layout codes (N, G, g/2)."""
+    N, R = codes.shape[0], ROWS_AT_ONCE
+    flat = codes.reshape(N, -1)
+    row_bytes, N4 = flat.shape[1], N - N % R
+    full = row_bytes // 64 * 64
+    blocks = flat[:N4].reshape(N4 // R, R * row_bytes)
+    units = blocks[:, : R * full].reshape(N4 // R, full // 64, R, 64).transpose(1, 2).reshape(N4 // R, R, full)
+    half = blocks[:, R * full :].reshape(N4 // R, R, row_bytes - full)
+    return torch.cat([torch.cat([units, half], 2).reshape(N4, row_bytes), flat[N4:]]).reshape(codes.shape)
+
+
+def pack(q: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(N, K) codes 0..15 -> the kernel's (N, G, g/2) uint8 layout (halves, then rows interleaved)."""
+    from .arithmetic import pack_int4_halves
+
+    return interleave_rows(pack_int4_halves(q, group_size)).contiguous()
 
 
 def round_activations(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,13 +192,14 @@ def round_activations(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, t
 
 
 def reference_mm(x, codes, scales, zeros, group_size: int) -> torch.Tensor:
-    """The kernel's arithmetic in plain torch (float64 sums): what tests compare both of its loops with."""
+    """The kernel's arithmetic in plain torch (float64 sums): what tests compare both of its loops with. codes
+    in the kernel's layout (pack)."""
     from .arithmetic import unpack_int4_halves
 
     M, K = x.shape
     N, G = scales.shape
     a, d = round_activations(x.float(), group_size)
-    q = unpack_int4_halves(codes).double().reshape(N, G, group_size) - 8  # (N, G, g)
+    q = unpack_int4_halves(deinterleave_rows(codes)).double().reshape(N, G, group_size) - 8  # (N, G, g)
     dots = torch.einsum("mgk,ngk->mng", a.double().reshape(M, G, group_size), q)  # (M, N, G): exact integers
     sum_x = x.double().reshape(M, G, group_size).sum(-1)  # (M, G)
     y = (scales.double() * dots * d.double().unsqueeze(1)).sum(-1) + sum_x @ zeros.double().t()

@@ -189,7 +189,11 @@ class QuantizedLinear(nn.Module):
             # inputs of up to this many rows are rounded (decode, a verify pass); a quality measurement of the
             # decode's own arithmetic over whole windows raises it (helpers/bench/llama_cpp.py)
             self.rounded_rows = int4_dynamic.ROUNDED_ROWS
-        if self.kernel in ("fused_dequant", "dynamic"):
+        if self.kernel == "dynamic":
+            self.register_buffer("qweight", int4_dynamic.pack(q, group_size))  # (N, G, g/2) uint8, rows interleaved
+            self.register_buffer("scales", scales)  # (N, G) bf16
+            self.register_buffer("zeros", zeros)  # (N, G) bf16
+        elif self.kernel == "fused_dequant":
             self.register_buffer("qweight", arithmetic.pack_int4_halves(q, group_size))  # (N, G, g/2) uint8
             self.register_buffer("scales", scales)  # (N, G) bf16
             self.register_buffer("zeros", zeros)  # (N, G) bf16
@@ -241,7 +245,9 @@ class QuantizedLinear(nn.Module):
             else:
                 q = self.qweight
             return arithmetic.dequantize_absmax(q, self.scales.unsqueeze(1), dtype)
-        if self.kernel in ("fused_dequant", "dynamic"):
+        if self.kernel == "dynamic":
+            codes = arithmetic.unpack_int4_halves(int4_dynamic.deinterleave_rows(self.qweight))  # (N, K) uint8
+        elif self.kernel == "fused_dequant":
             codes = arithmetic.unpack_int4_halves(self.qweight)  # (N, K) uint8
         elif self.kernel == "reference":
             codes = arithmetic.unpack_int4(self.qweight)
