@@ -8,7 +8,7 @@ Tolerances, and why:
   is computed the same way (bf16 input, fp32 math); measured difference <= 1 bf16 rounding of the
   output, asserted as 2^-7 * |y| + 1e-4 * max|y|. A wrong packing or scale layout gives O(1) errors.
 - "dynamic" (fbgemm) also rounds activations to uint8; its reference does that too (<= 1e-4 * max|y|).
-  For int4 (the C++ kernel, tests/test_int4_dynamic.py) the reference rounds them to int8 per group as
+  For int4 (the C++ kernel, tests/test_cpu_kernels.py) the reference rounds them to int8 per group as
   it does; the integer sums are exact, so only float summation order differs (<= 1e-5 * max|y|).
 - Whole model, CPU kernels vs reference model: max |logit difference| <= 0.1 (measured <= 0.04 on the
   shipped model, whose logits have a standard deviation of about 2; int4 rounding itself moves them
@@ -216,7 +216,7 @@ def test_cpu_kernels_match_reference(N, K, method, group_size):
             assert layer.weight_bits == dynamic_weight_bits()
             expected = emulate_dynamic_activation_quant(x2) @ layer.dequantized_weight().T
             bound = 1e-4 * expected.abs().max()
-        else:  # linear_then_scale: plain fp32 math in another order
+        else:  # linear_then_scale, cpu_rows: plain fp32 math in another order
             expected = x2 @ w_ref.T
             bound = 1e-5 * expected.abs().max()
         err = (y.reshape(-1, N) - expected).abs()

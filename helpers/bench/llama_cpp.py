@@ -45,17 +45,19 @@ FORMATS = {
     "int4": ("int4", "int4pack", "q4_0"),
 }
 # the bench adds the int4 kernel that rounds activations as q4_0 x q8_0 does, where it can be built (the chapter's
-# quality table keeps the four weight-only formats)
+# quality table keeps the four weight-only formats and their portable kernels)
 INT4_DYNAMIC = "int4, int8 activations"
 TARGETS = {"fp32": 1.0, "fp16 weights": 1.0, "int8": 1.0, "int4": 1.0, INT4_DYNAMIC: 1.0}  # at least llama.cpp's speed
 
 
 def bench_formats() -> dict:
-    """FORMATS, plus the int4 "dynamic" kernel where a C++ compiler is found (quantize.int4_dynamic)."""
+    """FORMATS with the course's C++ kernels where a C++ compiler is found (quantize/native.py): int8 through
+    "cpu_rows" (weight-only, as FORMATS' "fused_dequant", read faster), and the int4 "dynamic" format added."""
     from ..quantize import available_kernels
 
-    extra = {INT4_DYNAMIC: ("int4", "dynamic", "q4_0")} if "dynamic" in available_kernels("int4", "cpu") else {}
-    return {**FORMATS, **extra}
+    if "cpu_rows" not in available_kernels("int8", "cpu"):
+        return dict(FORMATS)
+    return {**FORMATS, "int8": ("int8", "cpu_rows", "q8_0"), INT4_DYNAMIC: ("int4", "dynamic", "q4_0")}
 
 
 PREFILL_TARGET = 0.8

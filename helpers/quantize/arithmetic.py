@@ -12,7 +12,7 @@ from ..row_sums import ROW_SPLIT  # noqa: F401 (fused_dequant: output rows in th
 
 FLOAT_FORMATS = {"bf16": torch.bfloat16, "fp16": torch.float16}  # 16-bit weights, no scales (see the docstring)
 METHODS = ("int8", "int4", *FLOAT_FORMATS)
-KERNELS = ("auto", "reference", "int8pack", "int4pack", "dynamic", "linear_then_scale", "fused_dequant")
+KERNELS = ("auto", "reference", "int8pack", "int4pack", "dynamic", "linear_then_scale", "fused_dequant", "cpu_rows")
 KERNEL_GROUP_SIZES = (32, 64, 128, 256)  # what torch's int4 kernels accept
 STORAGE_DTYPE = torch.bfloat16  # scales and zeros
 TINY_SCALE = 1e-10  # smallest scale: an all-zero row or group quantizes to zeros instead of dividing by 0

@@ -19,13 +19,19 @@ multiplied by torch's real kernels (`kernel=`):
                   products of 255 x 127 overflow it. There the weights get 7-bit codes (|q| <= 63),
                   so a pair sum is at most 2 x 255 x 63 = 32,130 < 32,767 and the kernel is exact again;
                   `dynamic_weight_bits()` says which applies on this machine (it asks the kernel).
-                  int4, CPU: helpers/quantize/int4_dynamic.cpp, built once per machine with the system's C++
+                  int4, CPU: helpers/quantize/cpu_kernels.cpp, built once per machine with the system's C++
                   compiler (listed where one is found; group size 64 or a multiple of 128): the 4-bit codes
                   times the activations rounded to int8 per group, as llama.cpp's q4_0 x q8_0, with AVX512-VNNI
-                  byte dot products where the CPU has them (a scalar loop elsewhere). Up to int4_dynamic.ROUNDED_ROWS
+                  byte dot products where the CPU has them (a scalar loop elsewhere). Up to native.MAX_ROWS
                   rows (decode, a verify pass); more rows (a prefill) are multiplied unrounded by the weight
                   dequantized once, in bf16 where many_rows.BF16_FAST, else float32. "auto" never picks it:
                   rounding the activations moves the output more than the weight's 4 bits do alone.
+    "cpu_rows"    int8, CPU: helpers/quantize/cpu_kernels.cpp (native.py builds it once per machine with the
+                  system's C++ compiler; listed where one is found; in_features a multiple of 64): weight-only,
+                  float32 activations, four output rows per pass over codes interleaved by four rows, widened
+                  16 at a time with AVX-512 (a scalar loop elsewhere), for up to native.MAX_ROWS rows; more rows
+                  are one GEMM over the dequantized weight. Written for the compiled decode step, which it
+                  lets read the codes near the memory's read speed.
     "linear_then_scale"  int8: F.linear(x, q.to(x.dtype)) * scale, the form torch.compile fuses into one
                   kernel on a GPU (gpt-fast's weight-only int8). In eager mode it is not fast.
     "fused_dequant"  int8, int4, bf16 or fp16, written for torch.compile: at batch 1 (one input row) the product is
@@ -80,7 +86,8 @@ from .. import many_rows
 from ..row_sums import realized
 from . import (
     arithmetic,  # the functions by hand and the tables of formats and kernels, each named where used
-    int4_dynamic,  # the C++ int4 kernel ("dynamic"), built on first use
+    int4_dynamic,  # the int4 "dynamic" kernel's layout and reference
+    native,  # the course's C++ kernels ("dynamic" for int4, "cpu_rows"), built on first use
 )
 from .dynamic import dynamic_weight_bits, prepack_dynamic
 from .int4pack_cpu import (  # the int4 kernel's codes read back, for a prefill as one bf16 GEMM
@@ -88,7 +95,6 @@ from .int4pack_cpu import (  # the int4 kernel's codes read back, for a prefill 
     INT4PACK_CPU_BLOCK,
     dequantize_int4pack_cpu,
     unpack_int4pack_cpu,
-    workspace,
 )
 
 
@@ -103,10 +109,12 @@ def available_kernels(method: str, device) -> list[str]:
         if device.type == "cpu" and set(torch.backends.quantized.supported_engines) & {"fbgemm", "x86"}:
             out.append("dynamic")
         out.append("linear_then_scale")
+        if device.type == "cpu" and native.buildable():
+            out.append("cpu_rows")  # built when a layer first asks for it
     elif method == "int4" and device.type in ("cpu", "cuda"):
         if device.type == "cpu" or torch.cuda.get_device_capability(device)[0] >= 8:
             out.append("int4pack")
-        if device.type == "cpu" and int4_dynamic.buildable():
+        if device.type == "cpu" and native.buildable():
             out.append("dynamic")  # built when a layer first asks for it
     out.append("fused_dequant")  # plain tensor ops: any device
     return out
@@ -166,6 +174,12 @@ class QuantizedLinear(nn.Module):
             self.register_buffer("scales", scales.reshape(N))  # (N,) bf16
             if self.kernel == "dynamic":
                 self._packed = prepack_dynamic(q, self.scales)  # fbgemm's own int8 layout (CPU only)
+            elif self.kernel == "cpu_rows":
+                if K % 64:
+                    raise ValueError(f"in_features ({K}) must be a multiple of 64 for the 'cpu_rows' kernel")
+                self._load_native()
+                self._vector = native.avx512()  # read once: a compiled graph sees a constant
+                self.register_buffer("qweight", native.interleave_rows(q).contiguous())  # (N, K) int8, interleaved
             else:
                 self.register_buffer("qweight", q)  # (N, K) int8
             return
@@ -182,13 +196,11 @@ class QuantizedLinear(nn.Module):
         )
         if self.kernel == "dynamic":
             int4_dynamic.check_group_size(group_size)
-            why_not = int4_dynamic.load()
-            if why_not is not None:
-                raise ValueError(f"kernel 'dynamic' for int4 needs its C++ kernel, which cannot be loaded: {why_not}")
-            self._vnni = int4_dynamic.vnni()  # read once: a compiled graph sees a constant
+            self._load_native()
+            self._vnni = native.vnni()  # read once: a compiled graph sees a constant
             # inputs of up to this many rows are rounded (decode, a verify pass); a quality measurement of the
             # decode's own arithmetic over whole windows raises it (helpers/bench/llama_cpp.py)
-            self.rounded_rows = int4_dynamic.ROUNDED_ROWS
+            self.rounded_rows = native.MAX_ROWS
         if self.kernel == "dynamic":
             self.register_buffer("qweight", int4_dynamic.pack(q, group_size))  # (N, G, g/2) uint8, rows interleaved
             self.register_buffer("scales", scales)  # (N, G) bf16
@@ -214,6 +226,13 @@ class QuantizedLinear(nn.Module):
                 and many_rows.BF16_FAST
                 and N % INT4PACK_CPU_BLOCK == 0
                 and torch.equal(unpack_int4pack_cpu(self.qweight, N).t(), q)
+            )
+
+    def _load_native(self) -> None:
+        why_not = native.load()
+        if why_not is not None:
+            raise ValueError(
+                f"kernel {self.kernel!r} needs the course's C++ kernels, which cannot be loaded: {why_not}"
             )
 
     @classmethod
@@ -242,11 +261,13 @@ class QuantizedLinear(nn.Module):
         if self.method == "int8":
             if self.kernel == "dynamic":
                 q = self.dynamic_codes()  # (N, K) int8
+            elif self.kernel == "cpu_rows":
+                q = native.deinterleave_rows(self.qweight)  # (N, K) int8
             else:
                 q = self.qweight
             return arithmetic.dequantize_absmax(q, self.scales.unsqueeze(1), dtype)
         if self.kernel == "dynamic":
-            codes = arithmetic.unpack_int4_halves(int4_dynamic.deinterleave_rows(self.qweight))  # (N, K) uint8
+            codes = arithmetic.unpack_int4_halves(native.deinterleave_rows(self.qweight))  # (N, K) uint8
         elif self.kernel == "fused_dequant":
             codes = arithmetic.unpack_int4_halves(self.qweight)  # (N, K) uint8
         elif self.kernel == "reference":
@@ -277,7 +298,11 @@ class QuantizedLinear(nn.Module):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)  # (M, K)
         if self.kernel == "dynamic" and self.method == "int4":
-            y = self._int4_dynamic(x2)
+            y = int4_dynamic.forward(self, x2)
+        elif self.kernel == "cpu_rows" and (torch.compiler.is_compiling() or x2.shape[0] <= native.MAX_ROWS):
+            y = torch.ops.course_quant.int8_rows_mm(x2.float().contiguous(), self.qweight, self.scales, self._vector)
+        elif self.kernel == "cpu_rows":  # a prefill: one GEMM over the dequantized weight
+            y = many_rows.linear(x2.float(), self.dequantized_weight(torch.float32))
         elif self.kernel == "dynamic":
             y = torch.ops.quantized.linear_dynamic(x2.float().contiguous(), self._packed)
         elif self.kernel == "int8pack" and x2.device.type != "cpu":
@@ -301,25 +326,6 @@ class QuantizedLinear(nn.Module):
                 x2.to(torch.bfloat16).contiguous(), self.qweight, self.group_size, self.scales_and_zeros
             )
         return y.to(x.dtype).reshape(*lead, self.out_features)
-
-    def _int4_dynamic(self, x2: torch.Tensor) -> torch.Tensor:
-        """(M, K) -> (M, N) float32: the rounded-activation kernel for few rows, one GEMM for many."""
-        g = self.group_size
-        if torch.compiler.is_compiling() or x2.shape[0] <= self.rounded_rows:
-            return torch.ops.course_int4.dynamic_mm(
-                x2.float().contiguous(), self.qweight, self.scales, self.zeros, g, self._vnni
-            )
-        dtype = torch.bfloat16 if many_rows.BF16_FAST else torch.float32  # see many_rows.BF16_FAST
-        if torch.is_grad_enabled() and x2.requires_grad:  # a backward would read a reused workspace
-            w = int4_dynamic.dequantize(
-                self.qweight, self.scales, self.zeros, g, torch.empty(self.out_features, self.in_features, dtype=dtype)
-            )
-        else:
-            w = workspace(self.out_features * self.in_features, dtype).view(self.out_features, self.in_features)
-            int4_dynamic.dequantize(self.qweight, self.scales, self.zeros, g, w)  # (N, K)
-        if dtype == torch.bfloat16:
-            return torch.mm(x2.to(torch.bfloat16), w.t()).float()
-        return many_rows.linear(x2.float(), w)
 
     def _fused_dequant_row(self, x: torch.Tensor) -> torch.Tensor:
         """One input row, (..., K) with a single row -> (..., N), as elementwise work plus one sum over K:

@@ -1,11 +1,13 @@
-"""The int4 "dynamic" kernel (helpers/quantize/int4_dynamic.cpp): 4-bit codes times activations rounded to int8.
+"""The course's C++ kernels (helpers/quantize/cpu_kernels.cpp): int4 codes times activations rounded to int8
+("dynamic"), and int8 weight-only over rows interleaved by four ("cpu_rows").
 
-Both of its loops (AVX512-VNNI where the CPU has it, the scalar one anywhere) against the plain-torch reference
-of the same arithmetic (int4_dynamic.reference_mm: the integer sums are exact, so only the float sums' order
-differs: <= 1e-5 * max|y|, measured about 4e-7); the rounding against its definition; the dequantized weight
-bit for bit; the layer's paths (few rows rounded, many rows one GEMM, a gradient through a fresh buffer); and the
-compiled decode step against the eager layer. Where no C++ compiler is found the kernel is not listed, which one
-test checks by hiding the compiler.
+Both loops of each (the vector one where the CPU has its instructions, the scalar one anywhere) against a
+plain-torch reference of the same arithmetic: for int4, int4_dynamic.reference_mm (the integer sums are exact,
+so only the float sums' order differs: <= 1e-5 * max|y|, measured about 4e-7); for int8, the float64 product
+(<= 1e-5 * max|y|). Also: the rounding against its definition, the interleaved layout undone, the dequantized
+weight bit for bit, the layer's paths (few rows by the kernel, many by one GEMM, a gradient through a fresh
+buffer), and compiled decode steps against the eager layers. Where no C++ compiler is found the kernels are not
+listed, which one test checks by hiding the compiler.
 """
 
 from __future__ import annotations
@@ -18,11 +20,16 @@ from helpers import many_rows
 from helpers.fast_decode import FastGenerator, compile_available
 from helpers.generate import generate
 from helpers.model import ModelConfig
-from helpers.quantize import QuantizedLinear, available_kernels, int4_dynamic, quantize_model
+from helpers.quantize import QuantizedLinear, available_kernels, int4_dynamic, native, quantize_model
 from helpers.quantize.arithmetic import pack_int4_halves, quantize_groupwise
 
-BUILT = int4_dynamic.buildable() and int4_dynamic.available()
-needs_kernel = pytest.mark.skipif(not BUILT, reason=f"the int4 kernel cannot be built here: {int4_dynamic.load()}")
+BUILDABLE = native.buildable()  # x86-64 and a C++ compiler: there the kernels must build (test_builds_...)
+needs_kernel = pytest.mark.skipif(not BUILDABLE, reason="no C++ compiler, or not an x86-64 CPU")
+
+
+def test_builds_where_a_compiler_is_found():
+    if BUILDABLE:
+        assert native.load() is None, native.load()
 
 
 def codes_of(N, K, g, seed=0):
@@ -35,17 +42,18 @@ def codes_of(N, K, g, seed=0):
 def test_interleaving_rows_is_undone(N, K, g):
     q, codes, _, _ = codes_of(N, K, g)
     plain = pack_int4_halves(q, g)
-    assert torch.equal(int4_dynamic.deinterleave_rows(codes), plain)
-    if N >= int4_dynamic.ROWS_AT_ONCE:  # a whole block: its second row's first 64 bytes follow the first row's
+    assert torch.equal(native.deinterleave_rows(codes), plain)
+    if N >= native.ROWS_AT_ONCE:  # a whole block: its second row's first 64 bytes follow the first row's
         flat = codes.reshape(N, -1).flatten()
         assert torch.equal(flat[64:128], plain.reshape(N, -1)[1, :64])
 
 
 def test_listed_only_with_a_compiler(monkeypatch):
-    assert ("dynamic" in available_kernels("int4", "cpu")) == int4_dynamic.buildable()
-    monkeypatch.setattr(int4_dynamic, "compiler", lambda: None)
-    assert "dynamic" not in available_kernels("int4", "cpu")
-    assert "no C++ compiler" in int4_dynamic.load.__wrapped__()  # what a layer asking for it is told
+    assert ("dynamic" in available_kernels("int4", "cpu")) == native.buildable()
+    assert ("cpu_rows" in available_kernels("int8", "cpu")) == native.buildable()
+    monkeypatch.setattr(native, "compiler", lambda: None)
+    assert "dynamic" not in available_kernels("int4", "cpu") and "cpu_rows" not in available_kernels("int8", "cpu")
+    assert "no C++ compiler" in native.load.__wrapped__()  # what a layer asking for it is told
 
 
 @needs_kernel
@@ -61,13 +69,13 @@ def test_listed_only_with_a_compiler(monkeypatch):
 )
 @pytest.mark.parametrize("vnni", [False, True])
 def test_both_loops_match_the_reference(N, K, g, M, vnni):
-    if vnni and not torch.ops.course_int4.has_vnni():
+    if vnni and not torch.ops.course_quant.has_vnni():
         pytest.skip("this CPU has no AVX512-VNNI")
     _, codes, s, z = codes_of(N, K, g)
     x = torch.randn(M, K, generator=torch.Generator().manual_seed(1)) * 3
     x[0, :g] = 0  # an all-zero group rounds to zeros, not NaN
     expected = int4_dynamic.reference_mm(x, codes, s, z, g)
-    y = torch.ops.course_int4.dynamic_mm(x, codes, s, z, g, vnni)
+    y = torch.ops.course_quant.int4_dynamic_mm(x, codes, s, z, g, vnni)
     assert y.shape == (M, N) and torch.isfinite(y).all()
     assert (y - expected).abs().max() <= 1e-5 * expected.abs().max()
 
@@ -128,4 +136,43 @@ def test_compiled_step_calls_the_kernel_and_matches_eager():
     assert fast.warmup() > 0 and fast.compiled
     prompt = torch.randint(0, 256, (1, 20), generator=torch.Generator().manual_seed(5))
     assert torch.equal(fast.generate(prompt, 16), generate(qmodel, prompt, 16))
-    assert int4_dynamic.ROUNDED_ROWS < prompt.shape[1]
+    assert native.MAX_ROWS < prompt.shape[1]
+
+
+@needs_kernel
+@pytest.mark.parametrize("N,K,M", [(256, 704, 1), (42, 1024, 3), (8, 64, 16), (5, 128, 2)])
+@pytest.mark.parametrize("vector", [False, True])
+def test_int8_rows_both_loops_match_the_product(N, K, M, vector):
+    if vector and not torch.ops.course_quant.has_avx512():
+        pytest.skip("this CPU has no AVX-512")
+    w = torch.randn(N, K, generator=torch.Generator().manual_seed(6))
+    layer = QuantizedLinear(w, "int8", kernel="cpu_rows")
+    ref = QuantizedLinear(w, "int8", kernel="reference")
+    assert torch.equal(layer.dequantized_weight(), ref.dequantized_weight())  # the same codes, deinterleaved
+    x = torch.randn(M, K, generator=torch.Generator().manual_seed(7))
+    expected = (x.double() @ ref.dequantized_weight().double().t()).float()
+    y = torch.ops.course_quant.int8_rows_mm(x, layer.qweight, layer.scales, vector)
+    assert (y - expected).abs().max() <= 1e-5 * expected.abs().max()
+
+
+@needs_kernel
+def test_int8_rows_layer_takes_the_gemm_for_many_rows():
+    layer = QuantizedLinear(torch.randn(64, 128), "int8", kernel="cpu_rows")
+    x = torch.randn(native.MAX_ROWS + 1, 128)
+    expected = x @ layer.dequantized_weight().t()
+    assert (layer(x) - expected).abs().max() <= 1e-5 * expected.abs().max()
+    with pytest.raises(ValueError, match="in_features \\(96\\) must be a multiple of 64"):
+        QuantizedLinear(torch.randn(8, 96), "int8", kernel="cpu_rows")
+
+
+@needs_kernel
+@pytest.mark.skipif(not compile_available(), reason="torch.compile needs a C++ compiler on the CPU")
+def test_int8_rows_compiled_step_matches_eager():
+    model = random_model(
+        ModelConfig(vocab_size=256, max_seq_len=64, n_layers=2, d_model=128, n_heads=4, n_kv_heads=2, d_ff=256)
+    )
+    qmodel = quantize_model(model, "int8", kernel="cpu_rows")
+    fast = FastGenerator(qmodel, max_seq_len=48)
+    assert fast.freeze and fast.warmup() > 0 and fast.compiled
+    prompt = torch.randint(0, 256, (1, 20), generator=torch.Generator().manual_seed(8))
+    assert torch.equal(fast.generate(prompt, 16), generate(qmodel, prompt, 16))

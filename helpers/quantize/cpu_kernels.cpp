@@ -1,24 +1,32 @@
-// int4 weights times activations rounded to int8 per group: the "dynamic" int4 kernel of QuantizedLinear.
+// The course's hand-written CPU kernels for quantized decode (helpers/quantize/native.py builds and loads them as
+// torch.ops.course_quant). Both compute ROWS_AT_ONCE output rows per pass over codes interleaved by blocks of that
+// many rows (see code_offset), and take at most a few input rows (a decode step, a verify pass); QuantizedLinear
+// multiplies longer inputs otherwise.
 //
-// y[m, n] = sum_g ( s[n,g] * d[m,g] * sum_k (q[n,k] - 8) * a[m,k]  +  z[n,g] * sum_k x[m,k] )
+// 1. int4 weights times activations rounded to int8 per group (QuantizedLinear "dynamic" for int4):
+//
+//   y[m, n] = sum_g ( s[n,g] * d[m,g] * sum_k (q[n,k] - 8) * a[m,k]  +  z[n,g] * sum_k x[m,k] )
 //
 // where a weight is w = (q - 8) * s + z (q in 0..15, one scale s and zero z per group of g inputs, stored bf16)
 // and an activation is rounded per group as x ~ d * a (a in -127..127, d = max|x| / 127), the same split as
 // llama.cpp's q4_0 x q8_0 dot product. The integer sums run four bytes at a time with AVX512-VNNI's vpdpbusd
-// (unsigned 4-bit codes times signed 8-bit activations into int32), one output row per pass (more rows per
-// pass measured slower: the loop is bound by reading the codes), fetching 4 KB ahead. A scalar loop computes the
-// same sums on any other CPU (and under the course's restricted-CPU run); helpers/quantize/int4_dynamic.py
-// builds this file and holds the Python reference both are tested against.
+// (unsigned 4-bit codes times signed 8-bit activations into int32), fetching 4 KB ahead; a scalar loop computes
+// the same sums on any other CPU (and under the course's restricted-CPU run). helpers/quantize/int4_dynamic.py
+// holds the Python reference both are tested against.
 //
-// Codes are in the "halves" layout (arithmetic.pack_int4_halves): (N, G, g/2) bytes, byte j of a group holding
-// code j in its low nibble and code j + g/2 in its high one, and then interleaved by blocks of ROWS_AT_ONCE rows
-// (int4_dynamic.interleave_rows): within a block, the first 64 bytes of each of its rows, then the next 64 of
-// each, and so on (a last half unit of 32 bytes likewise), so the loop that computes the block's rows side by
-// side reads one sequential stream. Rows after the last whole block stay as they are. Four rows in one stream:
-// 1.3x one row per pass from memory and 1.5-1.9x in cache; four rows 64 bytes apart of separate rows (the plain
-// layout) ran at 0.6x from memory (measured on the 149M config's matrices, AMD Zen 5 VM, one thread).
-// Left out: AVX-VNNI (the 256-bit form on CPUs without AVX-512), ARM's sdot, and group sizes that are not a
-// multiple of 64.
+// 2. int8 weights, one scale per row, times float32 activations (QuantizedLinear "cpu_rows" for int8): weight-only,
+// y[m, n] = s[n] * sum_k q[n,k] * x[m,k] in float32, the codes widened 16 at a time (AVX-512; a scalar loop
+// elsewhere).
+//
+// int4 codes are in the "halves" layout (arithmetic.pack_int4_halves): (N, G, g/2) bytes, byte j of a group holding
+// code j in its low nibble and code j + g/2 in its high one. Both kinds of codes are then interleaved by blocks
+// of ROWS_AT_ONCE rows (native.interleave_rows): within a block, the first 64 bytes of each of its rows, then the
+// next 64 of each, and so on (a last half unit of 32 bytes likewise), so the loop that computes the block's rows
+// side by side reads one sequential stream. Rows after the last whole block stay as they are. Four rows in one
+// stream: 1.3x one row per pass from memory and 1.5-1.9x in cache; four rows 64 bytes apart of separate rows (the
+// plain layout) ran at 0.6x from memory (the 149M config's int4 matrices, AMD Zen 5 VM, one thread).
+// Left out: AVX-VNNI (the 256-bit form on CPUs without AVX-512), AVX2 loops, ARM's sdot, int4 group sizes that
+// are not 64 or a multiple of 128.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -238,6 +246,15 @@ COURSE_AVX512 void rows_dot_vnni(const uint8_t* codes, const uint16_t* scales, c
 }
 #endif
 
+bool cpu_has_avx512() {
+#if COURSE_X86
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+#else
+  return false;
+#endif
+}
+
 bool cpu_has_vnni() {
 #if COURSE_X86
   __builtin_cpu_init();
@@ -357,19 +374,96 @@ void dequantize(const at::Tensor& codes, const at::Tensor& scales, const at::Ten
   });
 }
 
+// ---- int8 weight-only ----
+
+#if COURSE_X86
+#define COURSE_AVX512F __attribute__((target("avx512f,avx512bw,avx512vl")))
+
+// R rows of one interleaved block (R = 1: one row as packed), K a multiple of 64: two accumulators per row
+template <int R>
+COURSE_AVX512F void int8_rows_avx512(const int8_t* codes, int64_t K, const float* x, const uint16_t* scales,
+                                     float* out) {
+  __m512 acc[R][2];
+  for (int i = 0; i < R; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  for (int64_t k0 = 0; k0 < K; k0 += 64) {
+    const __m512 x0 = _mm512_loadu_ps(x + k0), x1 = _mm512_loadu_ps(x + k0 + 16);
+    const __m512 x2 = _mm512_loadu_ps(x + k0 + 32), x3 = _mm512_loadu_ps(x + k0 + 48);
+    for (int i = 0; i < R; ++i) {
+      const int8_t* c = codes + k0 * R + i * 64;
+      _mm_prefetch(reinterpret_cast<const char*>(c) + 4096, _MM_HINT_T0);
+      // 16 codes at a time, widened to float32
+      const __m512 w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c))));
+      const __m512 w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 16))));
+      const __m512 w2 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 32))));
+      const __m512 w3 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 48))));
+      acc[i][0] = _mm512_fmadd_ps(w0, x0, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(w1, x1, acc[i][1]);
+      acc[i][0] = _mm512_fmadd_ps(w2, x2, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(w3, x3, acc[i][1]);
+    }
+  }
+  for (int i = 0; i < R; ++i) out[i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], acc[i][1])) * bf16_to_float(scales[i]);
+}
+#endif
+
+// x (M, K) float32 times int8 codes (N, K) interleaved by rows, scales (N,) bf16 -> (M, N) float32. vector=false
+// takes the scalar loop; true asks for AVX-512 and fails where the CPU lacks it.
+at::Tensor int8_rows_mm(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& scales, bool vector) {
+  TORCH_CHECK(codes.scalar_type() == at::kChar && codes.dim() == 2 && codes.is_contiguous() && codes.size(1) % 64 == 0,
+              "codes must be a contiguous (N, K) int8 tensor with K a multiple of 64");
+  TORCH_CHECK(scales.scalar_type() == at::kBFloat16 && scales.dim() == 1 && scales.size(0) == codes.size(0) &&
+                  scales.is_contiguous(),
+              "scales must be a contiguous (N,) bfloat16 tensor");
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.dim() == 2 && x_in.size(1) == codes.size(1),
+              "x must be a 2-D float32 tensor with K columns");
+  TORCH_CHECK(!vector || cpu_has_avx512(), "vector=True on a CPU without AVX-512");
+  const at::Tensor x = x_in.contiguous();
+  const int64_t M = x.size(0), N = codes.size(0), K = codes.size(1), N4 = N - N % ROWS_AT_ONCE;
+  at::Tensor y = at::empty({M, N}, x.options());
+  const int8_t* cp = codes.data_ptr<int8_t>();
+  const uint16_t* sp = reinterpret_cast<const uint16_t*>(scales.data_ptr<at::BFloat16>());
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, (N + ROWS_BLOCK - 1) / ROWS_BLOCK, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n0 = b * ROWS_BLOCK, n1 = std::min(N, n0 + ROWS_BLOCK);
+      for (int64_t m = 0; m < M; ++m) {
+        int64_t n = n0;
+#if COURSE_X86
+        if (vector) {
+          for (; n + ROWS_AT_ONCE <= std::min(n1, N4); n += ROWS_AT_ONCE)
+            int8_rows_avx512<ROWS_AT_ONCE>(cp + n * K, K, xp + m * K, sp + n, yp + m * N + n);
+          for (; n < n1; ++n) int8_rows_avx512<1>(cp + n * K, K, xp + m * K, sp + n, yp + m * N + n);
+        }
+#endif
+        for (; n < n1; ++n) {  // the same sums in order, byte by byte through code_offset
+          float acc = 0.f;
+          for (int64_t k = 0; k < K; ++k) acc += static_cast<float>(cp[code_offset(n, k, N, K)]) * xp[m * K + k];
+          yp[m * N + n] = acc * bf16_to_float(sp[n]);
+        }
+      }
+    }
+  });
+  return y;
+}
+
 bool has_vnni() { return cpu_has_vnni(); }
+bool has_avx512() { return cpu_has_avx512(); }
 int64_t rows_at_once() { return ROWS_AT_ONCE; }
 
 }  // namespace
 
-TORCH_LIBRARY(course_int4, m) {
-  m.def("dynamic_mm(Tensor x, Tensor codes, Tensor scales, Tensor zeros, int group_size, bool vnni) -> Tensor");
-  m.def("dequantize(Tensor codes, Tensor scales, Tensor zeros, int group_size, Tensor(a!) out) -> ()");
+TORCH_LIBRARY(course_quant, m) {
+  m.def("int4_dynamic_mm(Tensor x, Tensor codes, Tensor scales, Tensor zeros, int group_size, bool vnni) -> Tensor");
+  m.def("int4_dequantize(Tensor codes, Tensor scales, Tensor zeros, int group_size, Tensor(a!) out) -> ()");
+  m.def("int8_rows_mm(Tensor x, Tensor codes, Tensor scales, bool vector) -> Tensor");
   m.def("has_vnni() -> bool", &has_vnni);
+  m.def("has_avx512() -> bool", &has_avx512);
   m.def("rows_at_once() -> int", &rows_at_once);
 }
 
-TORCH_LIBRARY_IMPL(course_int4, CPU, m) {
-  m.impl("dynamic_mm", &dynamic_mm);
-  m.impl("dequantize", &dequantize);
+TORCH_LIBRARY_IMPL(course_quant, CPU, m) {
+  m.impl("int4_dynamic_mm", &dynamic_mm);
+  m.impl("int8_rows_mm", &int8_rows_mm);
+  m.impl("int4_dequantize", &dequantize);
 }
