@@ -176,3 +176,19 @@ def test_int8_rows_compiled_step_matches_eager():
     assert fast.freeze and fast.warmup() > 0 and fast.compiled
     prompt = torch.randint(0, 256, (1, 20), generator=torch.Generator().manual_seed(8))
     assert torch.equal(fast.generate(prompt, 16), generate(qmodel, prompt, 16))
+
+
+@needs_kernel
+@pytest.mark.parametrize("method", ["fp16", "bf16"])
+@pytest.mark.parametrize("vector", [False, True])
+def test_16_bit_rows_both_loops_match_the_product(method, vector):
+    if vector and not torch.ops.course_quant.has_avx512():
+        pytest.skip("this CPU has no AVX-512")
+    w = torch.randn(42, 352, generator=torch.Generator().manual_seed(9))  # 10 blocks of four rows and two more
+    layer = QuantizedLinear(w, method, kernel="cpu_rows")
+    w16 = layer.dequantized_weight()
+    assert torch.equal(w16, QuantizedLinear(w, method, kernel="reference").dequantized_weight())
+    x = torch.randn(3, 352, generator=torch.Generator().manual_seed(10))
+    expected = (x.double() @ w16.double().t()).float()
+    y = torch.ops.course_quant.float16_rows_mm(x, layer.qweight, vector)
+    assert (y - expected).abs().max() <= 1e-5 * expected.abs().max()

@@ -41,6 +41,7 @@ from helpers.quantize import (
     dynamic_int8_saturates,
     dynamic_weight_bits,
     int4_dynamic,
+    native,
     pack_int4,
     pack_int4_halves,
     quantize_absmax,
@@ -389,15 +390,17 @@ def test_float_formats_store_the_rounded_weight(method):
     float32, so every kernel equals x @ w16.float().T, one row (the fused loop) or several."""
     fmt = {"bf16": torch.bfloat16, "fp16": torch.float16}[method]
     w = weights(44, 96, seed=5)
-    assert available_kernels(method, "cpu") == ["reference", "fused_dequant"]
+    kernels = ["reference", "fused_dequant"] + (["cpu_rows"] if native.buildable() else [])  # cpu_rows: C++
+    assert available_kernels(method, "cpu") == kernels
     layer = QuantizedLinear(w, method)
     assert layer.kernel == "fused_dequant" and layer.qweight.dtype == fmt and layer.weight_bits == 16
     assert torch.equal(layer.dequantized_weight(), w.to(fmt).float())
     assert layer.nbytes() == {"weights": 44 * 96 * 2, "scales": 0, "zeros": 0}
     x = torch.randn(3, 96, generator=torch.Generator().manual_seed(6))
     expected = x @ w.to(fmt).float().T  # (3, 44)
-    for kernel in ("reference", "fused_dequant"):
+    for kernel in kernels:
         lay = QuantizedLinear(w, method, kernel=kernel)
+        assert torch.equal(lay.dequantized_weight(), w.to(fmt).float())
         for rows in (x[:1], x):  # the single-row loop and the several-row path
             y = lay(rows)
             assert y.dtype == torch.float32

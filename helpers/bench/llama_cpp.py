@@ -51,13 +51,19 @@ TARGETS = {"fp32": 1.0, "fp16 weights": 1.0, "int8": 1.0, "int4": 1.0, INT4_DYNA
 
 
 def bench_formats() -> dict:
-    """FORMATS with the course's C++ kernels where a C++ compiler is found (quantize/native.py): int8 through
-    "cpu_rows" (weight-only, as FORMATS' "fused_dequant", read faster), and the int4 "dynamic" format added."""
+    """FORMATS with the course's C++ kernels where a C++ compiler is found (quantize/native.py): fp16 and int8
+    through "cpu_rows" (weight-only, as FORMATS' "fused_dequant", read faster), and the int4 "dynamic" format
+    added."""
     from ..quantize import available_kernels
 
     if "cpu_rows" not in available_kernels("int8", "cpu"):
         return dict(FORMATS)
-    return {**FORMATS, "int8": ("int8", "cpu_rows", "q8_0"), INT4_DYNAMIC: ("int4", "dynamic", "q4_0")}
+    return {
+        **FORMATS,
+        "fp16 weights": ("fp16", "cpu_rows", "f16"),
+        "int8": ("int8", "cpu_rows", "q8_0"),
+        INT4_DYNAMIC: ("int4", "dynamic", "q4_0"),
+    }
 
 
 PREFILL_TARGET = 0.8

@@ -10,13 +10,13 @@
 // where a weight is w = (q - 8) * s + z (q in 0..15, one scale s and zero z per group of g inputs, stored bf16)
 // and an activation is rounded per group as x ~ d * a (a in -127..127, d = max|x| / 127), the same split as
 // llama.cpp's q4_0 x q8_0 dot product. The integer sums run four bytes at a time with AVX512-VNNI's vpdpbusd
-// (unsigned 4-bit codes times signed 8-bit activations into int32), fetching 4 KB ahead; a scalar loop computes
+// (unsigned 4-bit codes times signed 8-bit activations into int32); a scalar loop computes
 // the same sums on any other CPU (and under the course's restricted-CPU run). helpers/quantize/int4_dynamic.py
 // holds the Python reference both are tested against.
 //
 // 2. int8 weights, one scale per row, times float32 activations (QuantizedLinear "cpu_rows" for int8): weight-only,
 // y[m, n] = s[n] * sum_k q[n,k] * x[m,k] in float32, the codes widened 16 at a time (AVX-512; a scalar loop
-// elsewhere).
+// elsewhere). 3. The same for fp16 or bf16 weights (no scale): "cpu_rows" for the 16-bit formats.
 //
 // int4 codes are in the "halves" layout (arithmetic.pack_int4_halves): (N, G, g/2) bytes, byte j of a group holding
 // code j in its low nibble and code j + g/2 in its high one. Both kinds of codes are then interleaved by blocks
@@ -24,7 +24,9 @@
 // next 64 of each, and so on (a last half unit of 32 bytes likewise), so the loop that computes the block's rows
 // side by side reads one sequential stream. Rows after the last whole block stay as they are. Four rows in one
 // stream: 1.3x one row per pass from memory and 1.5-1.9x in cache; four rows 64 bytes apart of separate rows (the
-// plain layout) ran at 0.6x from memory (the 149M config's int4 matrices, AMD Zen 5 VM, one thread).
+// plain layout) ran at 0.6x from memory (the 149M config's int4 matrices, AMD Zen 5 VM, one thread). The stream
+// is sequential, so the CPU's own prefetcher follows it: a software prefetch 4 KB ahead, which had helped one
+// row at a time, left fp16 weights at 17.6 GB/s where none reached 22.6 (a plain sum over them: 22.8).
 // Left out: AVX-VNNI (the 256-bit form on CPUs without AVX-512), AVX2 loops, ARM's sdot, int4 group sizes that
 // are not 64 or a multiple of 128.
 
@@ -196,7 +198,6 @@ COURSE_AVX512 void rows_dot_vnni(const uint8_t* codes, const uint16_t* scales, c
         const __m512i a_lo = _mm512_loadu_si512(a), a_hi = _mm512_loadu_si512(a + 64);
         for (int i = 0; i < R; ++i) {
           const uint8_t* c = codes + at * R + i * 64;
-          _mm_prefetch(reinterpret_cast<const char*>(c) + 4096, _MM_HINT_T0);
           const __m512i b = _mm512_loadu_si512(c);
           const __m512i dot = _mm512_dpbusd_epi32(
               _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(b, low4), a_lo),
@@ -230,7 +231,6 @@ COURSE_AVX512 void rows_dot_vnni(const uint8_t* codes, const uint16_t* scales, c
         const __m512i a_lo = _mm512_loadu_si512(a), a_hi = _mm512_loadu_si512(a + 64);
         for (int i = 0; i < R; ++i) {
           const uint8_t* cp = codes + at * R + i * 64;
-          _mm_prefetch(reinterpret_cast<const char*>(cp) + 4096, _MM_HINT_T0);
           const __m512i b = _mm512_loadu_si512(cp);
           dot[i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(dot[i], _mm512_and_si512(b, low4), a_lo),
                                        _mm512_and_si512(_mm512_srli_epi16(b, 4), low4), a_hi);
@@ -390,7 +390,6 @@ COURSE_AVX512F void int8_rows_avx512(const int8_t* codes, int64_t K, const float
     const __m512 x2 = _mm512_loadu_ps(x + k0 + 32), x3 = _mm512_loadu_ps(x + k0 + 48);
     for (int i = 0; i < R; ++i) {
       const int8_t* c = codes + k0 * R + i * 64;
-      _mm_prefetch(reinterpret_cast<const char*>(c) + 4096, _MM_HINT_T0);
       // 16 codes at a time, widened to float32
       const __m512 w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c))));
       const __m512 w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 16))));
@@ -447,6 +446,74 @@ at::Tensor int8_rows_mm(const at::Tensor& x_in, const at::Tensor& codes, const a
   return y;
 }
 
+// ---- 16-bit float weights (fp16 or bf16) ----
+
+#if COURSE_X86
+__attribute__((target("avx512f,avx512bw,avx512vl,f16c"))) inline __m512 widen16(const uint16_t* w, bool bf16) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+  return bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16)) : _mm512_cvtph_ps(v);
+}
+
+// R rows of one interleaved block (R = 1: one row as packed), K a multiple of 32 (a 64-byte unit: 32 weights)
+template <int R>
+__attribute__((target("avx512f,avx512bw,avx512vl,f16c"))) void float16_rows_avx512(const uint16_t* w, int64_t K,
+                                                                                    const float* x, bool bf16,
+                                                                                    float* out) {
+  __m512 acc[R][2];
+  for (int i = 0; i < R; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  for (int64_t k0 = 0; k0 < K; k0 += 32) {
+    const __m512 x0 = _mm512_loadu_ps(x + k0), x1 = _mm512_loadu_ps(x + k0 + 16);
+    for (int i = 0; i < R; ++i) {
+      const uint16_t* c = w + k0 * R + i * 32;
+      acc[i][0] = _mm512_fmadd_ps(widen16(c, bf16), x0, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(widen16(c + 16, bf16), x1, acc[i][1]);
+    }
+  }
+  for (int i = 0; i < R; ++i) out[i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]));
+}
+#endif
+
+// x (M, K) float32 times fp16 or bf16 weights (N, K) interleaved by rows (as bytes) -> (M, N) float32
+at::Tensor float16_rows_mm(const at::Tensor& x_in, const at::Tensor& weight, bool vector) {
+  const bool bf16 = weight.scalar_type() == at::kBFloat16;
+  TORCH_CHECK((bf16 || weight.scalar_type() == at::kHalf) && weight.dim() == 2 && weight.is_contiguous() &&
+                  weight.size(1) % 32 == 0,
+              "weight must be a contiguous (N, K) float16 or bfloat16 tensor with K a multiple of 32");
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.dim() == 2 && x_in.size(1) == weight.size(1),
+              "x must be a 2-D float32 tensor with K columns");
+  TORCH_CHECK(!vector || cpu_has_avx512(), "vector=True on a CPU without AVX-512");
+  const at::Tensor x = x_in.contiguous();
+  const int64_t M = x.size(0), N = weight.size(0), K = weight.size(1), N4 = N - N % ROWS_AT_ONCE;
+  at::Tensor y = at::empty({M, N}, x.options());
+  const uint16_t* wp = reinterpret_cast<const uint16_t*>(weight.data_ptr());
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, (N + ROWS_BLOCK - 1) / ROWS_BLOCK, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n0 = b * ROWS_BLOCK, n1 = std::min(N, n0 + ROWS_BLOCK);
+      for (int64_t m = 0; m < M; ++m) {
+        int64_t n = n0;
+#if COURSE_X86
+        if (vector) {
+          for (; n + ROWS_AT_ONCE <= std::min(n1, N4); n += ROWS_AT_ONCE)
+            float16_rows_avx512<ROWS_AT_ONCE>(wp + n * K, K, xp + m * K, bf16, yp + m * N + n);
+          for (; n < n1; ++n) float16_rows_avx512<1>(wp + n * K, K, xp + m * K, bf16, yp + m * N + n);
+        }
+#endif
+        for (; n < n1; ++n) {  // byte offsets through code_offset: element k is bytes 2k and 2k + 1
+          float acc = 0.f;
+          for (int64_t k = 0; k < K; ++k) {
+            const uint16_t v = wp[code_offset(n, 2 * k, N, 2 * K) / 2];
+            acc += (bf16 ? bf16_to_float(v) : static_cast<float>(c10::detail::fp16_ieee_to_fp32_value(v))) * xp[m * K + k];
+          }
+          yp[m * N + n] = acc;
+        }
+      }
+    }
+  });
+  return y;
+}
+
 bool has_vnni() { return cpu_has_vnni(); }
 bool has_avx512() { return cpu_has_avx512(); }
 int64_t rows_at_once() { return ROWS_AT_ONCE; }
@@ -457,6 +524,7 @@ TORCH_LIBRARY(course_quant, m) {
   m.def("int4_dynamic_mm(Tensor x, Tensor codes, Tensor scales, Tensor zeros, int group_size, bool vnni) -> Tensor");
   m.def("int4_dequantize(Tensor codes, Tensor scales, Tensor zeros, int group_size, Tensor(a!) out) -> ()");
   m.def("int8_rows_mm(Tensor x, Tensor codes, Tensor scales, bool vector) -> Tensor");
+  m.def("float16_rows_mm(Tensor x, Tensor weight, bool vector) -> Tensor");
   m.def("has_vnni() -> bool", &has_vnni);
   m.def("has_avx512() -> bool", &has_avx512);
   m.def("rows_at_once() -> int", &rows_at_once);
@@ -465,5 +533,6 @@ TORCH_LIBRARY(course_quant, m) {
 TORCH_LIBRARY_IMPL(course_quant, CPU, m) {
   m.impl("int4_dynamic_mm", &dynamic_mm);
   m.impl("int8_rows_mm", &int8_rows_mm);
+  m.impl("float16_rows_mm", &float16_rows_mm);
   m.impl("int4_dequantize", &dequantize);
 }

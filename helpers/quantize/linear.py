@@ -26,12 +26,11 @@ multiplied by torch's real kernels (`kernel=`):
                   rows (decode, a verify pass); more rows (a prefill) are multiplied unrounded by the weight
                   dequantized once, in bf16 where many_rows.BF16_FAST, else float32. "auto" never picks it:
                   rounding the activations moves the output more than the weight's 4 bits do alone.
-    "cpu_rows"    int8, CPU: helpers/quantize/cpu_kernels.cpp (native.py builds it once per machine with the
-                  system's C++ compiler; listed where one is found; in_features a multiple of 64): weight-only,
-                  float32 activations, four output rows per pass over codes interleaved by four rows, widened
-                  16 at a time with AVX-512 (a scalar loop elsewhere), for up to native.MAX_ROWS rows; more rows
-                  are one GEMM over the dequantized weight. Written for the compiled decode step, which it
-                  lets read the codes near the memory's read speed.
+    "cpu_rows"    int8, fp16, bf16, CPU: helpers/quantize/cpu_kernels.cpp (native.py builds it once per machine with
+                  the system's C++ compiler; listed where one is found; in_features a multiple of 64, or 32 for
+                  16-bit weights): weight-only, float32 activations, four output rows per pass over weights
+                  interleaved by four rows, widened 16 at a time with AVX-512 (a scalar loop elsewhere), for up
+                  to native.MAX_ROWS rows (more: one GEMM over the dequantized weight). For the decode step.
     "linear_then_scale"  int8: F.linear(x, q.to(x.dtype)) * scale, the form torch.compile fuses into one
                   kernel on a GPU (gpt-fast's weight-only int8). In eager mode it is not fast.
     "fused_dequant"  int8, int4, bf16 or fp16, written for torch.compile: at batch 1 (one input row) the product is
@@ -103,7 +102,7 @@ def available_kernels(method: str, device) -> list[str]:
     device = torch.device(device)
     out = ["reference"]
     if method in arithmetic.FLOAT_FORMATS:  # no library kernel multiplies 16-bit weights by float32 activations
-        return out + ["fused_dequant"]
+        return out + ["fused_dequant"] + (["cpu_rows"] if device.type == "cpu" and native.buildable() else [])
     if method == "int8":
         out.append("int8pack")
         if device.type == "cpu" and set(torch.backends.quantized.supported_engines) & {"fbgemm", "x86"}:
@@ -164,7 +163,13 @@ class QuantizedLinear(nn.Module):
         w = weight.detach()
         if method in arithmetic.FLOAT_FORMATS:
             self.weight_bits = 16
-            self.register_buffer("qweight", w.to(arithmetic.FLOAT_FORMATS[method]))  # (N, K): the weight, rounded
+            w16 = w.to(arithmetic.FLOAT_FORMATS[method])  # (N, K): the weight, rounded
+            if self.kernel == "cpu_rows":
+                if K % 32:
+                    raise ValueError(f"in_features ({K}) must be a multiple of 32 for the 'cpu_rows' kernel")
+                self._load_native()
+                self._vector, w16 = native.avx512(), native.interleave_weight(w16)  # rows interleaved by four
+            self.register_buffer("qweight", w16)
             return
         if method == "int8":
             self.weight_bits = dynamic_weight_bits() if self.kernel == "dynamic" else 8
@@ -257,7 +262,8 @@ class QuantizedLinear(nn.Module):
         or "dynamic" (int4pack's tiled layout is opaque; build a reference layer from the same weight instead)."""
         dtype = dtype or self.dtype
         if self.method in arithmetic.FLOAT_FORMATS:
-            return self.qweight.to(dtype)
+            w16 = native.deinterleave_weight(self.qweight) if self.kernel == "cpu_rows" else self.qweight
+            return w16.to(dtype)
         if self.method == "int8":
             if self.kernel == "dynamic":
                 q = self.dynamic_codes()  # (N, K) int8
@@ -300,7 +306,12 @@ class QuantizedLinear(nn.Module):
         if self.kernel == "dynamic" and self.method == "int4":
             y = int4_dynamic.forward(self, x2)
         elif self.kernel == "cpu_rows" and (torch.compiler.is_compiling() or x2.shape[0] <= native.MAX_ROWS):
-            y = torch.ops.course_quant.int8_rows_mm(x2.float().contiguous(), self.qweight, self.scales, self._vector)
+            if self.method == "int8":
+                y = torch.ops.course_quant.int8_rows_mm(
+                    x2.float().contiguous(), self.qweight, self.scales, self._vector
+                )
+            else:  # fp16, bf16
+                y = torch.ops.course_quant.float16_rows_mm(x2.float().contiguous(), self.qweight, self._vector)
         elif self.kernel == "cpu_rows":  # a prefill: one GEMM over the dequantized weight
             y = many_rows.linear(x2.float(), self.dequantized_weight(torch.float32))
         elif self.kernel == "dynamic":

@@ -2,13 +2,13 @@
 
 torch has no CPU kernel that multiplies int4 codes by int8 activations (llama.cpp's q4_0 x q8_0), and its int8
 and int4 weight-only kernels read the codes well below the memory's speed at batch 1. `cpu_kernels.cpp` holds
-two loops that do: the int4 "dynamic" kernel (helpers/quantize/int4_dynamic.py says what it computes) and the
-int8 weight-only "cpu_rows" kernel (QuantizedLinear's docstring). This module builds the file with the system's
-C++ compiler against torch's headers into .cache/kernels/ (about 20 s, once per source, torch version and
-compiler; then loaded in well under a second) and registers it as `torch.ops.course_quant`, with the shapes
-torch.compile needs to call it from a compiled step.
+loops that do better: the int4 "dynamic" kernel (helpers/quantize/int4_dynamic.py says what it computes) and
+the weight-only "cpu_rows" kernels for int8, fp16 and bf16 weights (QuantizedLinear's docstring). This module
+builds the file with the system's C++ compiler against torch's headers into .cache/kernels/ (about 20 s, once
+per source, torch version and compiler; then loaded in well under a second) and registers it as
+`torch.ops.course_quant`, with the shapes torch.compile needs to call it from a compiled step.
 
-Both kernels read codes laid out by `interleave_rows`: the loop computes ROWS_AT_ONCE output rows side by side
+The kernels read weights laid out by `interleave_rows`: the loop computes ROWS_AT_ONCE output rows side by side
 (they share each load of the activations and overlap their chains of additions: 1.5-1.9x one row at a time in
 cache), and interleaving those rows 64 bytes at a time makes that one sequential stream (four rows read from
 four places ran at 0.6x one row from memory, interleaved 1.3-1.4x; the 149M config's int4 matrices, AMD Zen 5
@@ -118,6 +118,10 @@ def _register_fake() -> None:
     def _(x, codes, scales, vector):
         return x.new_empty(x.shape[0], codes.shape[0])
 
+    @torch.library.register_fake("course_quant::float16_rows_mm")
+    def _(x, weight, vector):
+        return x.new_empty(x.shape[0], weight.shape[0])
+
 
 @functools.cache
 def avx512() -> bool:
@@ -133,6 +137,15 @@ def vnni() -> bool:
     if not available() or torch.backends.cpu.get_cpu_capability() != "AVX512":
         return False
     return bool(torch.ops.course_quant.has_vnni())
+
+
+def interleave_weight(w: torch.Tensor) -> torch.Tensor:
+    """interleave_rows for any (N, K) weight, bytes moved as bytes (a 16-bit weight: 32 values per 64 bytes)."""
+    return interleave_rows(w.contiguous().view(torch.uint8)).view(w.dtype)
+
+
+def deinterleave_weight(w: torch.Tensor) -> torch.Tensor:
+    return deinterleave_rows(w.contiguous().view(torch.uint8)).view(w.dtype)
 
 
 def interleave_rows(codes: torch.Tensor) -> torch.Tensor:
