@@ -125,13 +125,17 @@ def llama_greedy(llm, prompt_ids: list[int], n_new: int) -> list[int]:
 
 
 def our_variant(model, fmt: str):
-    """Our model in format `fmt` (a key of bench_formats()): the model itself for fp32, else a quantized copy."""
+    """Our model in format `fmt` (a key of bench_formats()): the model itself for fp32, else a quantized copy.
+    With the C++ kernels, "fp16 weights" stores the head in fp16 too, as llama.cpp's f16 file does (the same
+    values where the weights are f16-exact, as the course model's are); the quantized formats keep a float32
+    head (llama.cpp's q8_0 and q4_0 files round theirs: Q8_0 and Q6_K)."""
     method, kernel, _ = bench_formats()[fmt]
     if method is None:
         return model
     from ..quantize import quantize_model
 
-    return quantize_model(model, method, group_size=64, kernel=kernel)
+    head = dict(head_method="fp16", head_kernel="cpu_rows") if (method, kernel) == ("fp16", "cpu_rows") else {}
+    return quantize_model(model, method, group_size=64, kernel=kernel, **head)
 
 
 @dataclass
