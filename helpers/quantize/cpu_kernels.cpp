@@ -38,6 +38,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #if defined(__x86_64__)
@@ -276,6 +277,25 @@ void check_args(const at::Tensor& codes, const at::Tensor& scales, const at::Ten
               "scales and zeros must be contiguous (N, G) bfloat16 tensors");
 }
 
+// The loop every kernel shares: output rows in blocks of ROWS_BLOCK (in parallel; each block's weights are read
+// from memory once and from cache for the other input rows), block(m, n) for each whole interleaved block of
+// ROWS_AT_ONCE rows when `vector`, row(m, n) for every other row (which picks its own loop).
+template <typename Block, typename Row>
+void over_rows(int64_t M, int64_t N, bool vector, const Block& block, const Row& row) {
+  const int64_t whole = N - N % ROWS_AT_ONCE;  // blocks start at multiples of ROWS_AT_ONCE (ROWS_BLOCK is one)
+  at::parallel_for(0, (N + ROWS_BLOCK - 1) / ROWS_BLOCK, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n0 = b * ROWS_BLOCK, n1 = std::min(N, n0 + ROWS_BLOCK);
+      for (int64_t m = 0; m < M; ++m) {
+        int64_t n = n0;
+        if (vector)
+          for (; n + ROWS_AT_ONCE <= std::min(n1, whole); n += ROWS_AT_ONCE) block(m, n);
+        for (; n < n1; ++n) row(m, n);
+      }
+    }
+  });
+}
+
 // x (M, K) float32 -> (M, N) float32. vnni=false takes the scalar loop (on any CPU); vnni=true asks for
 // AVX512-VNNI and fails where the CPU lacks it.
 at::Tensor dynamic_mm(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& scales,
@@ -313,23 +333,20 @@ at::Tensor dynamic_mm(const at::Tensor& x_in, const at::Tensor& codes, const at:
   const uint16_t* zp = reinterpret_cast<const uint16_t*>(zeros.data_ptr<at::BFloat16>());
   float* yp = y.data_ptr<float>();
   const int8_t* ap = a.data();
-  at::parallel_for(0, (N + ROWS_BLOCK - 1) / ROWS_BLOCK, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t n0 = b * ROWS_BLOCK, n1 = std::min(N, n0 + ROWS_BLOCK);
-      for (int64_t m = 0; m < M; ++m) {  // several input rows: the block's codes are read again from cache
-        const RoundedRow r{ap + m * K, d + m * G, offset + m * G, sum_x + m * G};
-        int64_t n = n0;
+  const auto rounded = [&](int64_t m) { return RoundedRow{ap + m * K, d + m * G, offset + m * G, sum_x + m * G}; };
+  over_rows(
+      M, N, vnni,
+      [&](int64_t m, int64_t n) {
 #if COURSE_X86
-        if (vnni) {  // blocks start at multiples of ROWS_AT_ONCE (ROWS_BLOCK is one): whole blocks, then the rest
-          for (; n + ROWS_AT_ONCE <= std::min(n1, N - N % ROWS_AT_ONCE); n += ROWS_AT_ONCE)
-            rows_dot_vnni<ROWS_AT_ONCE>(cp + n * (K / 2), sp + n * G, zp + n * G, r, G, g, yp + m * N + n);
-          for (; n < n1; ++n) rows_dot_vnni<1>(cp + n * (K / 2), sp + n * G, zp + n * G, r, G, g, yp + m * N + n);
-        }
+        rows_dot_vnni<ROWS_AT_ONCE>(cp + n * (K / 2), sp + n * G, zp + n * G, rounded(m), G, g, yp + m * N + n);
 #endif
-        for (; n < n1; ++n) yp[m * N + n] = row_dot_scalar(cp, n, N, sp, zp, r, G, g);
-      }
-    }
-  });
+      },
+      [&](int64_t m, int64_t n) {
+#if COURSE_X86
+        if (vnni) return rows_dot_vnni<1>(cp + n * (K / 2), sp + n * G, zp + n * G, rounded(m), G, g, yp + m * N + n);
+#endif
+        yp[m * N + n] = row_dot_scalar(cp, n, N, sp, zp, rounded(m), G, g);
+      });
   return y;
 }
 
@@ -405,6 +422,16 @@ COURSE_AVX512F void int8_rows_avx512(const int8_t* codes, int64_t K, const float
 }
 #endif
 
+// The weight-only kernels' input checked and made contiguous, and their (M, N) output
+std::pair<at::Tensor, at::Tensor> weight_only_io(const at::Tensor& x_in, int64_t N, int64_t K, bool vector) {
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.dim() == 2 && x_in.size(1) == K,
+              "x must be a 2-D float32 tensor with K columns");
+  TORCH_CHECK(!vector || cpu_has_avx512(), "vector=True on a CPU without AVX-512");
+  at::Tensor x = x_in.contiguous();
+  at::Tensor y = at::empty({x.size(0), N}, x.options());
+  return {x, y};
+}
+
 // x (M, K) float32 times int8 codes (N, K) interleaved by rows, scales (N,) bf16 -> (M, N) float32. vector=false
 // takes the scalar loop; true asks for AVX-512 and fails where the CPU lacks it.
 at::Tensor int8_rows_mm(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& scales, bool vector) {
@@ -413,36 +440,28 @@ at::Tensor int8_rows_mm(const at::Tensor& x_in, const at::Tensor& codes, const a
   TORCH_CHECK(scales.scalar_type() == at::kBFloat16 && scales.dim() == 1 && scales.size(0) == codes.size(0) &&
                   scales.is_contiguous(),
               "scales must be a contiguous (N,) bfloat16 tensor");
-  TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.dim() == 2 && x_in.size(1) == codes.size(1),
-              "x must be a 2-D float32 tensor with K columns");
-  TORCH_CHECK(!vector || cpu_has_avx512(), "vector=True on a CPU without AVX-512");
-  const at::Tensor x = x_in.contiguous();
-  const int64_t M = x.size(0), N = codes.size(0), K = codes.size(1), N4 = N - N % ROWS_AT_ONCE;
-  at::Tensor y = at::empty({M, N}, x.options());
+  const int64_t N = codes.size(0), K = codes.size(1);
+  const auto [x, y] = weight_only_io(x_in, N, K, vector);
+  const int64_t M = x.size(0);
   const int8_t* cp = codes.data_ptr<int8_t>();
   const uint16_t* sp = reinterpret_cast<const uint16_t*>(scales.data_ptr<at::BFloat16>());
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  at::parallel_for(0, (N + ROWS_BLOCK - 1) / ROWS_BLOCK, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t n0 = b * ROWS_BLOCK, n1 = std::min(N, n0 + ROWS_BLOCK);
-      for (int64_t m = 0; m < M; ++m) {
-        int64_t n = n0;
+  over_rows(
+      M, N, vector,
+      [&](int64_t m, int64_t n) {
 #if COURSE_X86
-        if (vector) {
-          for (; n + ROWS_AT_ONCE <= std::min(n1, N4); n += ROWS_AT_ONCE)
-            int8_rows_avx512<ROWS_AT_ONCE>(cp + n * K, K, xp + m * K, sp + n, yp + m * N + n);
-          for (; n < n1; ++n) int8_rows_avx512<1>(cp + n * K, K, xp + m * K, sp + n, yp + m * N + n);
-        }
+        int8_rows_avx512<ROWS_AT_ONCE>(cp + n * K, K, xp + m * K, sp + n, yp + m * N + n);
 #endif
-        for (; n < n1; ++n) {  // the same sums in order, byte by byte through code_offset
-          float acc = 0.f;
-          for (int64_t k = 0; k < K; ++k) acc += static_cast<float>(cp[code_offset(n, k, N, K)]) * xp[m * K + k];
-          yp[m * N + n] = acc * bf16_to_float(sp[n]);
-        }
-      }
-    }
-  });
+      },
+      [&](int64_t m, int64_t n) {
+#if COURSE_X86
+        if (vector) return int8_rows_avx512<1>(cp + n * K, K, xp + m * K, sp + n, yp + m * N + n);
+#endif
+        float acc = 0.f;  // the same sums in order, byte by byte through code_offset
+        for (int64_t k = 0; k < K; ++k) acc += static_cast<float>(cp[code_offset(n, k, N, K)]) * xp[m * K + k];
+        yp[m * N + n] = acc * bf16_to_float(sp[n]);
+      });
   return y;
 }
 
@@ -479,38 +498,30 @@ at::Tensor float16_rows_mm(const at::Tensor& x_in, const at::Tensor& weight, boo
   TORCH_CHECK((bf16 || weight.scalar_type() == at::kHalf) && weight.dim() == 2 && weight.is_contiguous() &&
                   weight.size(1) % 32 == 0,
               "weight must be a contiguous (N, K) float16 or bfloat16 tensor with K a multiple of 32");
-  TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.dim() == 2 && x_in.size(1) == weight.size(1),
-              "x must be a 2-D float32 tensor with K columns");
-  TORCH_CHECK(!vector || cpu_has_avx512(), "vector=True on a CPU without AVX-512");
-  const at::Tensor x = x_in.contiguous();
-  const int64_t M = x.size(0), N = weight.size(0), K = weight.size(1), N4 = N - N % ROWS_AT_ONCE;
-  at::Tensor y = at::empty({M, N}, x.options());
+  const int64_t N = weight.size(0), K = weight.size(1);
+  const auto [x, y] = weight_only_io(x_in, N, K, vector);
+  const int64_t M = x.size(0);
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(weight.data_ptr());
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  at::parallel_for(0, (N + ROWS_BLOCK - 1) / ROWS_BLOCK, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t n0 = b * ROWS_BLOCK, n1 = std::min(N, n0 + ROWS_BLOCK);
-      for (int64_t m = 0; m < M; ++m) {
-        int64_t n = n0;
+  over_rows(
+      M, N, vector,
+      [&](int64_t m, int64_t n) {
 #if COURSE_X86
-        if (vector) {
-          for (; n + ROWS_AT_ONCE <= std::min(n1, N4); n += ROWS_AT_ONCE)
-            float16_rows_avx512<ROWS_AT_ONCE>(wp + n * K, K, xp + m * K, bf16, yp + m * N + n);
-          for (; n < n1; ++n) float16_rows_avx512<1>(wp + n * K, K, xp + m * K, bf16, yp + m * N + n);
-        }
+        float16_rows_avx512<ROWS_AT_ONCE>(wp + n * K, K, xp + m * K, bf16, yp + m * N + n);
 #endif
-        for (; n < n1; ++n) {  // byte offsets through code_offset: element k is bytes 2k and 2k + 1
-          float acc = 0.f;
-          for (int64_t k = 0; k < K; ++k) {
-            const uint16_t v = wp[code_offset(n, 2 * k, N, 2 * K) / 2];
-            acc += (bf16 ? bf16_to_float(v) : static_cast<float>(c10::detail::fp16_ieee_to_fp32_value(v))) * xp[m * K + k];
-          }
-          yp[m * N + n] = acc;
+      },
+      [&](int64_t m, int64_t n) {
+#if COURSE_X86
+        if (vector) return float16_rows_avx512<1>(wp + n * K, K, xp + m * K, bf16, yp + m * N + n);
+#endif
+        float acc = 0.f;  // byte offsets through code_offset: element k is bytes 2k and 2k + 1
+        for (int64_t k = 0; k < K; ++k) {
+          const uint16_t v = wp[code_offset(n, 2 * k, N, 2 * K) / 2];
+          acc += (bf16 ? bf16_to_float(v) : static_cast<float>(c10::detail::fp16_ieee_to_fp32_value(v))) * xp[m * K + k];
         }
-      }
-    }
-  });
+        yp[m * N + n] = acc;
+      });
   return y;
 }
 
