@@ -180,9 +180,10 @@ class FastGenerator:
         # on a CPU, the Python around the kernels goes too: C++ drives them, the weights are compiled in
         self.cpp_wrapper = on_cpu if cpp_wrapper is None else cpp_wrapper
         # quantize/'s "fused_dequant" layers are frozen too, their dtype conversions kept out of constant
-        # folding (compiling.conversions_kept), and so are int4 "dynamic" and int8 "cpu_rows" ones (opaque operators
-        # reading their codes as constants: a graph without the weights among its inputs checks fewer guards and passes
-        # fewer tensors, 1.12x the course model's tokens/s); other quantized kernels keep their weights as inputs
+        # folding (compiling.conversions_kept), and so are int4 "dynamic" and "cpu_rows" ones (the course's C++
+        # operators reading their weights as constants: a graph without the weights among its inputs checks fewer
+        # guards and passes fewer tensors, 1.12x the course model's int4 tokens/s); other quantized kernels keep
+        # their weights as inputs
         quantized = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
         one_row = any(m.kernel == "fused_dequant" for m in quantized)
         float_only = float_weights_only(self.decode_model)

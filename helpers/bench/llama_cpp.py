@@ -44,29 +44,25 @@ FORMATS = {
     "int8": ("int8", "fused_dequant", "q8_0"),
     "int4": ("int4", "int4pack", "q4_0"),
 }
-# the bench adds the int4 kernel that rounds activations as q4_0 x q8_0 does, where it can be built (the chapter's
-# quality table keeps the four weight-only formats and their portable kernels)
+# the bench adds the int4 kernel that rounds activations as q4_0 x q8_0 does, where its vector loop runs (the
+# chapter's quality table keeps the four weight-only formats and their portable kernels)
 INT4_DYNAMIC = "int4, int8 activations"
 TARGETS = {"fp32": 1.0, "fp16 weights": 1.0, "int8": 1.0, "int4": 1.0, INT4_DYNAMIC: 1.0}  # at least llama.cpp's speed
+PREFILL_TARGET = 0.8
 
 
 def bench_formats() -> dict:
-    """FORMATS with the course's C++ kernels where a C++ compiler is found (quantize/native.py): fp16 and int8
-    through "cpu_rows" (weight-only, as FORMATS' "fused_dequant", read faster), and the int4 "dynamic" format
-    added."""
-    from ..quantize import available_kernels
+    """FORMATS with the course's C++ kernels where their vector loops run (quantize/native.py; elsewhere only
+    their scalar loops would): fp16 and int8 through "cpu_rows" where the CPU has AVX-512 (weight-only, as FORMATS'
+    "fused_dequant", read faster), and the int4 "dynamic" format added where it has AVX512-VNNI."""
+    from ..quantize import available_kernels, native
 
-    if "cpu_rows" not in available_kernels("int8", "cpu"):
+    if "cpu_rows" not in available_kernels("int8", "cpu") or not native.avx512():
         return dict(FORMATS)
-    return {
-        **FORMATS,
-        "fp16 weights": ("fp16", "cpu_rows", "f16"),
-        "int8": ("int8", "cpu_rows", "q8_0"),
-        INT4_DYNAMIC: ("int4", "dynamic", "q4_0"),
-    }
-
-
-PREFILL_TARGET = 0.8
+    formats = {**FORMATS, "fp16 weights": ("fp16", "cpu_rows", "f16"), "int8": ("int8", "cpu_rows", "q8_0")}
+    if native.vnni():
+        formats[INT4_DYNAMIC] = ("int4", "dynamic", "q4_0")
+    return formats
 
 
 def llama_cpp_missing() -> str:

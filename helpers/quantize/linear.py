@@ -206,7 +206,6 @@ class QuantizedLinear(nn.Module):
             # inputs of up to this many rows are rounded (decode, a verify pass); a quality measurement of the
             # decode's own arithmetic over whole windows raises it (helpers/bench/llama_cpp.py)
             self.rounded_rows = native.MAX_ROWS
-        if self.kernel == "dynamic":
             self.register_buffer("qweight", int4_dynamic.pack(q, group_size))  # (N, G, g/2) uint8, rows interleaved
             self.register_buffer("scales", scales)  # (N, G) bf16
             self.register_buffer("zeros", zeros)  # (N, G) bf16
