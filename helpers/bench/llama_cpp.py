@@ -122,15 +122,17 @@ def llama_greedy(llm, prompt_ids: list[int], n_new: int) -> list[int]:
 
 def our_variant(model, fmt: str):
     """Our model in format `fmt` (a key of bench_formats()): the model itself for fp32, else a quantized copy.
-    With the C++ kernels, "fp16 weights" stores the head in fp16 too, as llama.cpp's f16 file does (the same
-    values where the weights are f16-exact, as the course model's are); the quantized formats keep a float32
-    head (llama.cpp's q8_0 and q4_0 files round theirs: Q8_0 and Q6_K)."""
+    The head follows llama.cpp's files where our C++ kernels run: "fp16 weights" stores it in fp16, as the f16
+    file does (the same values where the weights are f16-exact, as the course model's are), and the int4
+    "dynamic" format in int8 ("cpu_rows"), where the q4_0 file keeps it at Q6_K (6.6 bits a weight). The other
+    formats keep a float32 head (the q8_0 file's is Q8_0; ours stays unrounded, for quality)."""
     method, kernel, _ = bench_formats()[fmt]
     if method is None:
         return model
     from ..quantize import quantize_model
 
-    head = dict(head_method="fp16", head_kernel="cpu_rows") if (method, kernel) == ("fp16", "cpu_rows") else {}
+    heads = {("fp16", "cpu_rows"): "fp16", ("int4", "dynamic"): "int8"}
+    head = dict(head_method=heads[method, kernel], head_kernel="cpu_rows") if (method, kernel) in heads else {}
     return quantize_model(model, method, group_size=64, kernel=kernel, **head)
 
 
