@@ -38,7 +38,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <utility>
 #include <vector>
 
 #if defined(__x86_64__)
@@ -422,14 +421,22 @@ COURSE_AVX512F void int8_rows_avx512(const int8_t* codes, int64_t K, const float
 }
 #endif
 
-// The weight-only kernels' input checked and made contiguous, and their (M, N) output
-std::pair<at::Tensor, at::Tensor> weight_only_io(const at::Tensor& x_in, int64_t N, int64_t K, bool vector) {
+// What the weight-only kernels share: x checked and made contiguous, the (M, N) output, and over_rows calling
+// block(x, y, n) / row(x, y, n) with x pointing at input row m (K floats) and y at output m's element n.
+template <typename Block, typename Row>
+at::Tensor weight_only_mm(const at::Tensor& x_in, int64_t N, int64_t K, bool vector, const Block& block,
+                          const Row& row) {
   TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.dim() == 2 && x_in.size(1) == K,
               "x must be a 2-D float32 tensor with K columns");
   TORCH_CHECK(!vector || cpu_has_avx512(), "vector=True on a CPU without AVX-512");
-  at::Tensor x = x_in.contiguous();
+  const at::Tensor x = x_in.contiguous();
   at::Tensor y = at::empty({x.size(0), N}, x.options());
-  return {x, y};
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  over_rows(
+      x.size(0), N, vector, [&](int64_t m, int64_t n) { block(xp + m * K, yp + m * N + n, n); },
+      [&](int64_t m, int64_t n) { row(xp + m * K, yp + m * N + n, n); });
+  return y;
 }
 
 // x (M, K) float32 times int8 codes (N, K) interleaved by rows, scales (N,) bf16 -> (M, N) float32. vector=false
@@ -441,28 +448,23 @@ at::Tensor int8_rows_mm(const at::Tensor& x_in, const at::Tensor& codes, const a
                   scales.is_contiguous(),
               "scales must be a contiguous (N,) bfloat16 tensor");
   const int64_t N = codes.size(0), K = codes.size(1);
-  const auto [x, y] = weight_only_io(x_in, N, K, vector);
-  const int64_t M = x.size(0);
   const int8_t* cp = codes.data_ptr<int8_t>();
   const uint16_t* sp = reinterpret_cast<const uint16_t*>(scales.data_ptr<at::BFloat16>());
-  const float* xp = x.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  over_rows(
-      M, N, vector,
-      [&](int64_t m, int64_t n) {
+  return weight_only_mm(
+      x_in, N, K, vector,
+      [&](const float* x, float* y, int64_t n) {
 #if COURSE_X86
-        int8_rows_avx512<ROWS_AT_ONCE>(cp + n * K, K, xp + m * K, sp + n, yp + m * N + n);
+        int8_rows_avx512<ROWS_AT_ONCE>(cp + n * K, K, x, sp + n, y);
 #endif
       },
-      [&](int64_t m, int64_t n) {
+      [&](const float* x, float* y, int64_t n) {
 #if COURSE_X86
-        if (vector) return int8_rows_avx512<1>(cp + n * K, K, xp + m * K, sp + n, yp + m * N + n);
+        if (vector) return int8_rows_avx512<1>(cp + n * K, K, x, sp + n, y);
 #endif
         float acc = 0.f;  // the same sums in order, byte by byte through code_offset
-        for (int64_t k = 0; k < K; ++k) acc += static_cast<float>(cp[code_offset(n, k, N, K)]) * xp[m * K + k];
-        yp[m * N + n] = acc * bf16_to_float(sp[n]);
+        for (int64_t k = 0; k < K; ++k) acc += static_cast<float>(cp[code_offset(n, k, N, K)]) * x[k];
+        *y = acc * bf16_to_float(sp[n]);
       });
-  return y;
 }
 
 // ---- 16-bit float weights (fp16 or bf16) ----
@@ -499,30 +501,25 @@ at::Tensor float16_rows_mm(const at::Tensor& x_in, const at::Tensor& weight, boo
                   weight.size(1) % 32 == 0,
               "weight must be a contiguous (N, K) float16 or bfloat16 tensor with K a multiple of 32");
   const int64_t N = weight.size(0), K = weight.size(1);
-  const auto [x, y] = weight_only_io(x_in, N, K, vector);
-  const int64_t M = x.size(0);
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(weight.data_ptr());
-  const float* xp = x.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  over_rows(
-      M, N, vector,
-      [&](int64_t m, int64_t n) {
+  return weight_only_mm(
+      x_in, N, K, vector,
+      [&](const float* x, float* y, int64_t n) {
 #if COURSE_X86
-        float16_rows_avx512<ROWS_AT_ONCE>(wp + n * K, K, xp + m * K, bf16, yp + m * N + n);
+        float16_rows_avx512<ROWS_AT_ONCE>(wp + n * K, K, x, bf16, y);
 #endif
       },
-      [&](int64_t m, int64_t n) {
+      [&](const float* x, float* y, int64_t n) {
 #if COURSE_X86
-        if (vector) return float16_rows_avx512<1>(wp + n * K, K, xp + m * K, bf16, yp + m * N + n);
+        if (vector) return float16_rows_avx512<1>(wp + n * K, K, x, bf16, y);
 #endif
         float acc = 0.f;  // byte offsets through code_offset: element k is bytes 2k and 2k + 1
         for (int64_t k = 0; k < K; ++k) {
           const uint16_t v = wp[code_offset(n, 2 * k, N, 2 * K) / 2];
-          acc += (bf16 ? bf16_to_float(v) : static_cast<float>(c10::detail::fp16_ieee_to_fp32_value(v))) * xp[m * K + k];
+          acc += (bf16 ? bf16_to_float(v) : static_cast<float>(c10::detail::fp16_ieee_to_fp32_value(v))) * x[k];
         }
-        yp[m * N + n] = acc;
+        *y = acc;
       });
-  return y;
 }
 
 bool has_vnni() { return cpu_has_vnni(); }
